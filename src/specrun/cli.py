@@ -1,0 +1,397 @@
+"""The command line: parse, resolve models, choose the display. No math, no llama calls here."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .errors import SpecrunError, UsageError
+
+app = typer.Typer(
+    name="specrun",
+    help="Speculative decoding for local GGUF models: the target's exact output, faster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# -- shared model options (generate, chat, bench) -------------------------------------------
+Pair = Annotated[str | None, typer.Option("--pair", help="A pair from the registry (default: the registry's default).", rich_help_panel="Models")]
+ModelOpt = Annotated[str | None, typer.Option("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] on the hub.", rich_help_panel="Models")]
+DraftOpt = Annotated[str | None, typer.Option("-md", "--model-draft", help="Draft model (overrides the pair's draft).", rich_help_panel="Models")]
+Mode = Annotated[str, typer.Option("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", rich_help_panel="Speculation")]
+DraftMax = Annotated[int | None, typer.Option("--draft-max", help="Longest draft (default: the pair's, else 4).", rich_help_panel="Speculation")]
+DraftMin = Annotated[int, typer.Option("--draft-min", help="Shortest draft worth verifying.", rich_help_panel="Speculation")]
+DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability falls below P.", rich_help_panel="Speculation")]
+Verify = Annotated[str, typer.Option("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", rich_help_panel="Speculation")]
+Ngl = Annotated[int, typer.Option("--ngl", help="Target layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
+NglDraft = Annotated[int, typer.Option("--ngl-draft", help="Draft layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
+Ctx = Annotated[int, typer.Option("--ctx", "-c", help="Target context size in tokens.", rich_help_panel="Placement")]
+CtxDraft = Annotated[int | None, typer.Option("--ctx-draft", help="Draft context size (default: as the target's).", rich_help_panel="Placement")]
+Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads for the target (default: physical cores).", rich_help_panel="Placement")]
+ThreadsDraft = Annotated[int | None, typer.Option("--threads-draft", help="CPU threads for the draft (default: as --threads).", rich_help_panel="Placement")]
+Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")]
+TopK = Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).", rich_help_panel="Sampling")]
+TopP = Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).", rich_help_panel="Sampling")]
+MinP = Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).", rich_help_panel="Sampling")]
+Seed = Annotated[int | None, typer.Option("--seed", "-s", help="Random seed (default: random, always reported).", rich_help_panel="Sampling")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log on stderr.")]
+
+
+@dataclass
+class Streams:
+    """Where things go: stdout carries only text; the rest is for a terminal on stderr."""
+
+    stdout_tty: bool
+    stderr_tty: bool
+
+    @classmethod
+    def detect(cls) -> Streams:
+        return cls(sys.stdout.isatty(), sys.stderr.isatty())
+
+
+def _err_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _spinner(enabled: bool, text: str) -> Any:
+    """A transient spinner on stderr while something slow happens (terminal only)."""
+    if not enabled:
+        yield lambda _msg: None
+        return
+    console = _err_console()
+    with console.status(text, spinner="dots") as st:
+        yield lambda msg: st.update(msg)
+
+
+def _pull_progress(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from .progress import RichPullProgress
+
+    return RichPullProgress()
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """--prompt TEXT, -p FILE (- = stdin), or stdin when it is not a terminal."""
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give either --prompt or -p/--prompt-file, not both")
+    if prompt is not None:
+        text = prompt
+    else:
+        if prompt_file is None and sys.stdin.isatty():
+            raise UsageError("no prompt: use --prompt TEXT, -p FILE, or pipe text on stdin")
+        where = "stdin" if prompt_file in (None, "-") else prompt_file
+        if where == "stdin":
+            data = sys.stdin.buffer.read()
+        else:
+            path = Path(prompt_file or "")
+            if path.is_dir():
+                raise UsageError(f"prompt file is a directory: {path}")
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise UsageError(f"prompt file not found: {path}") from None
+            except OSError as exc:
+                raise UsageError(f"cannot read prompt file {path}: {exc.strerror}") from None
+        if b"\x00" in data:
+            raise UsageError(f"the prompt from {where} looks binary (it has NUL bytes); specrun reads text")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            text = data.decode("utf-8", errors="replace")
+            print(
+                f"specrun: warning: the prompt from {where} is not valid UTF-8 (first bad byte at "
+                f"offset {exc.start}); decoded with replacement characters",
+                file=sys.stderr,
+            )
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    return text
+
+
+def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None) -> tuple[list[int], bool]:
+    """Tokens for the target: through its chat template (default when it has one) or raw."""
+    template = target.chat_template()
+    use_chat = bool(template) if chat is None else chat
+    if use_chat and not template:
+        raise UsageError(f"{target.path.name} has no chat template; use --raw")
+    if not use_chat:
+        if system:
+            raise UsageError("--system needs the chat template (drop --raw)")
+        return target.tokenize(text, add_special=True, parse_special=True), False
+    from .chat_template import render
+
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return chat_tokens(target, template, messages), True
+
+
+def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    from .chat_template import render
+
+    bos = target.token_text(target.bos).decode("utf-8", "replace") if target.bos >= 0 else ""
+    eos = target.token_text(target.eos).decode("utf-8", "replace") if target.eos >= 0 else ""
+    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt)
+    toks = target.tokenize(rendered, add_special=True, parse_special=True)
+    if len(toks) >= 2 and toks[0] == toks[1] == target.bos:
+        toks = toks[1:]  # the template wrote BOS and the tokenizer added another
+    return toks
+
+
+def _model_options(**kw: Any) -> Any:
+    from .loader import ModelOptions
+
+    opts = ModelOptions(**kw)
+    opts.validate()
+    return opts
+
+
+def _sampling(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> Any:
+    from .sampling import SamplingParams
+
+    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                            seed=secrets.randbits(31) if seed is None else seed)
+    params.validate()
+    return params
+
+
+def load_engine(opts: Any, streams: Streams) -> Any:
+    """Resolve (pulling what is missing, with progress) and load, with a spinner on a terminal."""
+    from . import loader
+    from .registry import Registry
+
+    registry = Registry.load(verbose=opts.verbose)
+    progress = _pull_progress(streams.stderr_tty)
+    try:
+        plan = loader.plan(opts, registry, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    with _spinner(streams.stderr_tty, f"loading {plan.target.name}") as say:
+        return loader.load(plan, opts, status=say)
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text.")] = None,
+    prompt_file: Annotated[str | None, typer.Option("-p", "--prompt-file", help="Read the prompt from FILE (- = stdin).")] = None,
+    chat: Annotated[bool | None, typer.Option("--chat/--raw", help="Apply the target's chat template (default when it has one).")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System message (chat template only).")] = None,
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")] = 256,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
+    n_completions: Annotated[int, typer.Option("-N", "--n-completions", help="Independent completions; completion i uses seed S+i.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    stats: Annotated[bool, typer.Option("--stats", help="Print the one-line summary on stderr even when it is not a terminal.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", help="Then run the target alone on the same prompt and report the speed-up.")] = False,
+    pair: Pair = None,
+    model: ModelOpt = None,
+    model_draft: DraftOpt = None,
+    mode: Mode = "auto",
+    draft_max: DraftMax = None,
+    draft_min: DraftMin = 0,
+    draft_p_min: DraftPMin = 0.0,
+    verify: Verify = "rejection",
+    ngl: Ngl = -1,
+    ngl_draft: NglDraft = -1,
+    ctx: Ctx = 4096,
+    ctx_draft: CtxDraft = None,
+    threads: Threads = None,
+    threads_draft: ThreadsDraft = None,
+    temp: Temp = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    verbose: Verbose = False,
+) -> None:
+    """One completion, streamed to stdout (statistics go to stderr)."""
+    streams = Streams.detect()
+    if max_tokens < 0:
+        raise UsageError(f"--max-tokens must be >= 0, got {max_tokens}")
+    if n_completions < 1:
+        raise UsageError(f"--n-completions must be >= 1, got {n_completions}")
+    if compare and n_completions > 1:
+        raise UsageError("--compare works with one completion")
+    opts = _model_options(pair=pair, model=model, model_draft=model_draft, mode=mode, draft_max=draft_max,
+                          draft_min=draft_min, draft_p_min=draft_p_min, verify=verify, ngl=ngl,
+                          ngl_draft=ngl_draft, ctx=ctx, ctx_draft=ctx_draft, threads=threads,
+                          threads_draft=threads_draft, verbose=verbose)
+    params = _sampling(temp, top_k, top_p, min_p, seed)
+    text = read_prompt(prompt, prompt_file)
+    loaded = load_engine(opts, streams)
+    try:
+        engine = loaded.engine
+        tokens, _ = build_prompt_tokens(engine.target, text, chat, system)
+        engine.check_prompt(tokens)
+        from dataclasses import replace
+
+        from .display import PlainStream, summary_line
+        from .engine import Result
+        from .loader import describe
+
+        show_summary = stats or streams.stderr_tty
+        results: list[Result] = []
+        for i in range(n_completions):
+            p_i = replace(params, seed=params.seed + i)
+            sink = None if as_json else PlainStream()
+            if n_completions > 1 and sink is not None and i > 0:
+                sys.stdout.write("\n\n")
+            result = None
+            for ev in engine.generate(tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()):
+                if isinstance(ev, Result):
+                    result = ev
+                elif sink is not None:
+                    sink.step(ev)
+            assert result is not None
+            if sink is not None:
+                sink.finish(result)
+            results.append(result)
+            if show_summary and not as_json:
+                print(summary_line(result, engine.config.draft_max), file=sys.stderr)
+
+        baseline = None
+        if compare:
+            baseline = _baseline(engine, tokens, max_tokens, params, stop or ())
+            r = results[0]
+            speedup = r.stats.tokens_per_second / baseline.stats.tokens_per_second if baseline.stats.tokens_per_second else 0.0
+            same = "identical" if baseline.tokens == r.tokens else "DIFFERENT"
+            print(
+                f"specrun: target alone {baseline.stats.tokens_per_second:.1f} tok/s -> "
+                f"{engine.mode} {r.stats.tokens_per_second:.1f} tok/s: speed-up {speedup:.2f}x, output {same}",
+                file=sys.stderr,
+            )
+
+        if as_json:
+            obj: dict[str, Any] = {
+                "mode": engine.mode,
+                "target": describe(loaded.plan.target),
+                "draft": describe(loaded.plan.draft),
+                "sampling": params.as_dict(),
+                "prompt_tokens": len(tokens),
+                "draft_max": engine.config.draft_max,
+            }
+            if n_completions == 1:
+                obj = _result_json(results[0]) | obj
+            else:
+                obj["completions"] = [_result_json(r) | {"seed": r.seed} for r in results]
+            if baseline is not None:
+                obj["baseline"] = {"tokens_per_second": round(baseline.stats.tokens_per_second, 2),
+                                   "identical": baseline.tokens == results[0].tokens}
+            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+    finally:
+        loaded.close()
+
+
+def _result_json(r: Any) -> dict[str, Any]:
+    return {
+        "text": r.text,
+        "tokens": r.tokens,
+        "finish_reason": r.finish_reason,
+        "prompt_tokens": r.prompt_tokens,
+        "generated_tokens": len(r.tokens),
+        "stats": r.stats.to_dict(),
+    }
+
+
+def _baseline(engine: Any, tokens: list[int], max_tokens: int, params: Any, stop: Any) -> Any:
+    """The target alone on the same prompt, cold cache both: the honest comparison."""
+    from .engine import Engine, SpecConfig
+
+    alone = Engine(engine.target, None, SpecConfig(mode="none"))
+    engine.reset()
+    return alone.run(tokens, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=False)
+
+
+def _mount_subcommands() -> None:
+    from .models_cli import app as models_app
+
+    app.add_typer(models_app, name="models", help="List, pull, locate and remove registry models.")
+
+
+_mounted = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: domain errors become one line on stderr and an exit code, never a traceback."""
+    global _mounted
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("SPECRUN_DEBUG"))
+    args = [a for a in args if a != "--debug"]
+    if not _mounted:
+        _mount_subcommands()
+        _mounted = True
+    # SIGTERM unwinds like Ctrl-C so temp files are removed by the finally blocks on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    try:
+        app(args=args, standalone_mode=False, prog_name="specrun")
+    except SpecrunError as exc:
+        if debug:
+            raise
+        _flush_quietly()
+        print(f"specrun: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _flush_quietly()
+        sys.stderr.write("\nspecrun: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as a C tool killed by SIGPIPE would.
+        _silence_stdout()
+        return 141
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show(file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            sys.stderr.write("\nspecrun: interrupted\n")
+            return 130
+        if debug:
+            raise
+        print(f"specrun: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _flush_quietly() -> None:
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def entry() -> None:
+    code = main()
+    _flush_quietly()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    entry()

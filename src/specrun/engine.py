@@ -1,0 +1,315 @@
+"""The speculative loop: draft -> verify in one target pass -> accept -> roll back. Never prints.
+
+Cache invariant (target and draft alike): between steps each cache holds every token of
+``tokens`` except the last one, which is *pending*: the next target pass evaluates
+``[pending, d1..dK]`` with logits on all K+1 rows, so row j scores the token after d_j.
+After accepting n drafts and one target token t, both caches are cut back to the accepted
+prefix (``llama_memory_seq_rm``) and t becomes the pending token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import sampling as S
+from .drafters import EMPTY, DraftModel, Drafter, Proposal
+from .errors import SpecrunError, UsageError
+from .runtime import Model
+from .stats import SpecStats
+from .textstream import TextStream
+
+MODES = ("auto", "draft", "lookup", "hybrid", "none")
+VERIFY_RULES = ("rejection", "match")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    mode: str = "auto"
+    draft_max: int = 4
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    verify: str = "rejection"  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.draft_max < 1:
+            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max}")
+        if self.draft_min < 0 or self.draft_min > self.draft_max:
+            raise UsageError(f"--draft-min must be in [0, --draft-max], got {self.draft_min}")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        if self.verify not in VERIFY_RULES:
+            raise UsageError(f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
+
+
+@dataclass
+class Step:
+    """What one target pass committed."""
+
+    tokens: list[int]
+    from_draft: list[bool]  # True where the token was a draft token the target accepted
+    text: str  # newly printable text (may be "" while a UTF-8 char or stop string is pending)
+    drafter: str
+    k: int  # draft tokens verified in this pass
+    accepted: int
+    stats: SpecStats
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "length" | "stop" | "eos"
+    prompt_tokens: int
+    stats: SpecStats
+    seed: int = 0
+    mode: str = "none"
+
+
+@dataclass
+class _Run:
+    tokens: list[int]
+    n_prompt: int
+    stream: TextStream
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish: str | None = None
+
+
+class Engine:
+    """Owns the target, the optional drafter, and the positions of both caches."""
+
+    def __init__(self, target: Model, draft: Model | None = None, config: SpecConfig | None = None):
+        self.target = target
+        self.config = config or SpecConfig()
+        self.config.validate()
+        self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
+        self.mode = self.resolve_mode(self.config.mode)
+        self.drafter: Drafter | None = self.draft_model if self.mode == "draft" else None
+        self._target_cached: list[int] = []  # mirror of the target cache, for prefix reuse
+
+    # -- set-up ---------------------------------------------------------------------------
+    def resolve_mode(self, mode: str) -> str:
+        if mode == "auto":
+            return "draft" if self.draft_model is not None and self.target.can_truncate else "none"
+        if mode in ("draft", "hybrid") and self.draft_model is None:
+            raise UsageError(f"--mode {mode} needs a draft model (-md PATH_OR_NAME or a --pair)")
+        if mode in ("lookup", "hybrid"):
+            raise UsageError(f"--mode {mode} is not available yet in this build")
+        if mode != "none" and not self.target.can_truncate:
+            raise SpecrunError(
+                f"{self.target.path.name} is a recurrent or hybrid model whose cache cannot be "
+                "rolled back: speculation is not possible; use --mode none"
+            )
+        return mode
+
+    def reset(self) -> None:
+        """Forget both caches (bench: every run starts cold)."""
+        self.target.clear()
+        self._target_cached = []
+        if self.draft_model is not None:
+            self.draft_model.reset()
+
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        n, ctx = len(prompt), self.target.n_ctx
+        if n == 0:
+            raise UsageError("the prompt is empty")
+        if n >= ctx:
+            raise SpecrunError(
+                f"the prompt is {n} tokens but the context holds {ctx}: {n - ctx + 1} too many "
+                f"(raise --ctx to at least {n + 1}, or shorten the prompt)"
+            )
+
+    # -- the loop -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int = 256,
+        params: S.SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        reuse_cache: bool = True,
+    ) -> Iterator[Step | Result]:
+        """Yield one ``Step`` per target pass, then the ``Result``."""
+        params = params or S.SamplingParams()
+        self.check_prompt(prompt)
+        if max_tokens < 0:
+            raise UsageError(f"--max-tokens must be >= 0, got {max_tokens}")
+        if not reuse_cache:
+            self.reset()
+        rng = np.random.Generator(np.random.PCG64(params.seed))
+        run = _Run(tokens=list(prompt), n_prompt=len(prompt), stream=TextStream(stop))
+        st = run.stats
+        target = self.target
+        llama0 = self._llama_seconds()
+
+        t0 = time.perf_counter()
+        st.prefill_tokens = self._prefill(run.tokens)
+        st.prefill_seconds = time.perf_counter() - t0
+        llama_prefill = self._llama_seconds() - llama0
+
+        greedy = params.greedy
+        match = not greedy and self.config.verify == "match"
+        draft_max = self.config.draft_max
+        draft_min = self.config.draft_min
+        eog = target.is_eog
+        piece = target.piece
+        drafter = self.drafter
+        t_decode = time.perf_counter()
+        try:
+            while run.finish is None:
+                n_gen = len(run.tokens) - run.n_prompt
+                remaining = max_tokens - n_gen
+                if remaining <= 0:
+                    run.finish = "length"
+                    break
+                base = len(run.tokens)
+                if base > target.n_ctx:  # the pending token has no position left
+                    run.finish = "length"
+                    break
+                # Never verify more than can be emitted or than the context holds.
+                k = min(draft_max, remaining - 1, target.n_ctx - base)
+                prop = EMPTY
+                if drafter is not None and k > 0:
+                    prop = drafter.propose(run.tokens, k, params, rng, greedy or match)
+                    if len(prop) < max(draft_min, 1):
+                        prop = EMPTY
+                n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match)
+                k_used = len(prop)
+                st.record_pass(drafter.name if drafter and k_used else "none", k_used, n_acc)
+                # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
+                valid = base + n_acc
+                if len(self._target_cached) > valid:
+                    target.truncate(valid)
+                    del self._target_cached[valid:]
+                if drafter is not None:
+                    drafter.rollback(valid)
+
+                out_tokens: list[int] = []
+                flags: list[bool] = []
+                text_parts: list[str] = []
+                for i, tok in enumerate(new):
+                    if eog(tok):
+                        run.finish = "eos"
+                        break
+                    run.tokens.append(tok)
+                    out_tokens.append(tok)
+                    flags.append(i < n_acc)
+                    text_parts.append(run.stream.feed(piece(tok)))
+                    if run.stream.stopped:
+                        run.finish = "stop"
+                        break
+                    if len(run.tokens) - run.n_prompt >= max_tokens:
+                        run.finish = "length"
+                        break
+                if run.finish is not None and len(run.tokens) < base + len(new):
+                    # Tokens after EOS/stop were computed but never happened: drop them from
+                    # the caches too, so a reused cache (chat, -N) matches the transcript.
+                    self._rollback_to(len(run.tokens) - 1)
+                st.generated = len(run.tokens) - run.n_prompt
+                st.decode_seconds = time.perf_counter() - t_decode
+                st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
+                if out_tokens:
+                    yield Step(out_tokens, flags, "".join(text_parts),
+                               drafter.name if drafter and k_used else "none", k_used, n_acc, st)
+        finally:
+            st.decode_seconds = time.perf_counter() - t_decode
+            st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
+        tail = run.stream.flush()
+        if tail:
+            yield Step([], [], tail, "none", 0, 0, st)
+        st.generated = len(run.tokens) - run.n_prompt
+        yield Result(
+            text=run.stream.text,
+            tokens=run.tokens[run.n_prompt:],
+            finish_reason=run.finish or "length",
+            prompt_tokens=run.n_prompt,
+            stats=st,
+            seed=params.seed,
+            mode=self.mode,
+        )
+
+    def run(self, prompt: Sequence[int], **kw: object) -> Result:
+        """Generate to the end and return the Result (tests, bench)."""
+        result = None
+        for ev in self.generate(prompt, **kw):  # type: ignore[arg-type]
+            if isinstance(ev, Result):
+                result = ev
+        assert result is not None
+        return result
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _llama_seconds(self) -> float:
+        s = self.target.llama_seconds
+        if self.draft_model is not None:
+            s += self.draft_model.model.llama_seconds
+        return s
+
+    def _prefill(self, tokens: list[int]) -> int:
+        """Bring the target (and the drafter) to 'all but the last token evaluated'."""
+        from .drafters import _common_prefix
+
+        keep = min(_common_prefix(self._target_cached, tokens), len(tokens) - 1)
+        if keep < len(self._target_cached):
+            self.target.truncate(keep)
+        todo = tokens[keep:-1]
+        self.target.decode(todo, keep)
+        self._target_cached = list(tokens[:-1])
+        if self.drafter is not None:
+            self.drafter.prefill(tokens)
+        return len(todo)
+
+    def _rollback_to(self, valid: int) -> None:
+        if len(self._target_cached) > valid:
+            self.target.truncate(valid)
+            del self._target_cached[valid:]
+        if self.drafter is not None:
+            self.drafter.rollback(valid)
+
+    def _verify(
+        self,
+        tokens: list[int],
+        prop: Proposal,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy: bool,
+        match: bool,
+    ) -> tuple[int, list[int]]:
+        """One target pass over [pending, d1..dK]: (drafts accepted, tokens to commit)."""
+        target = self.target
+        drafts = prop.tokens
+        k = len(drafts)
+        base = len(tokens)
+        batch = [tokens[-1], *drafts]
+        target.decode(batch, base - 1, logits_from=0)
+        self._target_cached.extend(batch)
+        new: list[int] = []
+        for j in range(k + 1):
+            logits = target.logits(j)
+            if greedy:
+                t = S.greedy(logits)
+                if j < k and t == drafts[j]:
+                    new.append(t)
+                    continue
+                new.append(t)
+                return j, new
+            p = S.transform(logits, params)
+            if j == k:
+                new.append(p.sample(rng))  # every draft accepted: the bonus token comes from p
+                return k, new
+            if match:
+                # Sample-and-match: the target samples its own token; the draft stands if equal.
+                t = p.sample(rng)
+                new.append(t)
+                if t != drafts[j]:
+                    return j, new
+                continue
+            q = prop.dists[j] if prop.dists is not None else None
+            ok, t = S.speculative_step(p, q, drafts[j], rng)
+            new.append(t)
+            if not ok:
+                return j, new
+        return k, new  # unreachable: the loop returns at j == k

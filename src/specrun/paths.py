@@ -1,0 +1,33 @@
+"""Where specrun keeps its files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def specrun_home() -> Path:
+    """Pulled and derived models live here: $SPECRUN_HOME, default ~/.cache/specrun."""
+    env = os.environ.get("SPECRUN_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrun"
+
+
+def models_dir() -> Path:
+    return specrun_home() / "models"
+
+
+def user_registry_file() -> Path:
+    """The user's models.toml: $SPECRUN_MODELS, else ~/.config/specrun/models.toml."""
+    env = os.environ.get("SPECRUN_MODELS")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".config"
+    return base / "specrun" / "models.toml"
+
+
+def state_dir() -> Path:
+    """Chat history and other small state: $XDG_STATE_HOME/specrun."""
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "specrun"

@@ -1,0 +1,350 @@
+"""One thin wrapper over llama-cpp-python's low-level API. The only module that imports llama_cpp.
+
+A ``Model`` is a llama_model with its one llama_context (one sequence, id 0): load, tokenize,
+decode a batch with logits on chosen rows, read logits as numpy views, drop a tail of the KV
+cache, vocabulary facts. It keeps no notion of "the conversation": the engine owns positions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+import numpy as np
+
+from .errors import ModelError, SpecrunError
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_verbose = False
+
+
+@ll.llama_log_callback
+def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover
+    if _log_verbose:
+        import sys
+
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def init_backend(verbose: bool = False) -> None:
+    """Initialise llama.cpp once; its log goes to stderr only when ``verbose``."""
+    global _backend_ready, _log_verbose
+    _log_verbose = verbose
+    with _backend_lock:
+        if not _backend_ready:
+            ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _backend_ready = True
+
+
+def physical_cores() -> int:
+    """Threads default: physical cores (llama.cpp's own rule), at least 1."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            cores = {line for line in fh if line.startswith("core id")}
+        if cores:
+            return max(1, min(len(cores), os.cpu_count() or 1))
+    except OSError:
+        pass
+    return max(1, os.cpu_count() or 1)
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    init_backend()
+    return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 2048
+    n_gpu_layers: int = -1
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    n_batch: int = 512
+    flash_attn: bool | None = None  # None = llama.cpp's auto
+    type_k: int | None = None
+    type_v: int | None = None
+    check_tensors: bool = False
+
+
+@dataclass(frozen=True)
+class VocabFacts:
+    """What llama.cpp's speculative compatibility rules look at."""
+
+    vocab_type: int
+    n_vocab: int
+    add_bos: bool
+    add_eos: bool
+    bos: int
+    eos: int
+
+
+QUANT_TYPES: dict[str, int] = {
+    name[len("LLAMA_FTYPE_"):].replace("MOSTLY_", "").replace("ALL_", ""): getattr(ll, name)
+    for name in dir(ll)
+    if name.startswith("LLAMA_FTYPE_") and name != "LLAMA_FTYPE_GUESSED"
+}
+
+
+def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> None:
+    """Re-quantize ``src`` into ``dst`` (F32, F16, Q8_0, Q4_0, Q4_K_M, ...)."""
+    key = quant.upper()
+    if key not in QUANT_TYPES:
+        raise SpecrunError(
+            f"unknown quantization type {quant!r}; one of: {', '.join(sorted(QUANT_TYPES))}"
+        )
+    init_backend()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[key]
+    params.allow_requantize = True
+    params.nthread = threads or physical_cores()
+    rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise ModelError(f"llama.cpp could not quantize {src} to {quant} (code {rc})")
+
+
+class Model:
+    """A loaded GGUF with one context and one preallocated batch."""
+
+    def __init__(self, path: str | os.PathLike[str], opts: LoadOptions, verbose: bool = False):
+        init_backend(verbose)
+        self.path = Path(path)
+        self.opts = opts
+        self._model = None
+        self._ctx = None
+        self._batch = None
+
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = opts.n_gpu_layers
+        mparams.check_tensors = opts.check_tensors
+        t0 = time.perf_counter()
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {self.path} (run with --verbose for its log)")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(ll.llama_model_n_ctx_train(self._model))
+
+        threads = opts.n_threads or physical_cores()
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = opts.n_ctx
+        cparams.n_batch = opts.n_batch
+        cparams.n_ubatch = opts.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = opts.n_threads_batch or threads
+        cparams.no_perf = True
+        if opts.flash_attn is not None:
+            cparams.flash_attn_type = (
+                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        if opts.type_k is not None:
+            cparams.type_k = opts.type_k
+        if opts.type_v is not None:
+            cparams.type_v = opts.type_v
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise ModelError(
+                f"llama.cpp could not create a context of {opts.n_ctx} tokens for {self.path} "
+                "(out of memory? try a smaller --ctx)"
+            )
+        self.n_ctx = int(ll.llama_n_ctx(self._ctx))
+        self.n_batch = opts.n_batch
+        self.n_threads = threads
+        self.load_seconds = time.perf_counter() - t0
+        self._mem = ll.llama_get_memory(self._ctx)
+
+        # One batch for the life of the model; numpy views over its arrays make filling it cheap.
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._b_nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._b_nseq[:] = 1
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+        self._n_rows = 0  # rows of the last decoded chunk
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
+
+        self.can_truncate = self._probe_truncate()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- facts ----------------------------------------------------------------------------
+    def vocab_facts(self) -> VocabFacts:
+        v = self._vocab
+        return VocabFacts(
+            vocab_type=int(ll.llama_vocab_type(v)),
+            n_vocab=self.n_vocab,
+            add_bos=bool(ll.llama_vocab_get_add_bos(v)),
+            add_eos=bool(ll.llama_vocab_get_add_eos(v)),
+            bos=int(ll.llama_vocab_bos(v)),
+            eos=int(ll.llama_vocab_eos(v)),
+        )
+
+    def token_text(self, token: int) -> bytes:
+        return ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def bos(self) -> int:
+        return int(ll.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(ll.llama_vocab_eos(self._vocab))
+
+    def chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def describe(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(ll.llama_model_size(self._model))
+
+    @property
+    def n_params(self) -> int:
+        return int(ll.llama_model_n_params(self._model))
+
+    @property
+    def n_layer(self) -> int:
+        return int(ll.llama_model_n_layer(self._model))
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model))
+
+    # -- text <-> tokens --------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise SpecrunError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token prints as (special tokens print nothing), cached per id."""
+        got = self._pieces.get(token)
+        if got is None:
+            n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, big, len(big), 0, False)
+                got = big.raw[:n]
+            else:
+                got = self._piece_buf.raw[:n]
+            self._pieces[token] = got
+        return got
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    # -- decoding ---------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], pos0: int, logits_from: int | None = None) -> None:
+        """Evaluate ``tokens`` at positions ``pos0..``; logits on rows ``logits_from..`` (relative
+        to ``tokens``), none when ``logits_from`` is None. Longer than n_batch: in chunks, and
+        then the rows asked for must all lie in the last chunk."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if pos0 + n > self.n_ctx:
+            raise SpecrunError(f"context full: {pos0 + n} tokens > n_ctx {self.n_ctx}")
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            end = start + m
+            tok_arr = self._b_token
+            tok_arr[:m] = tokens[start:end]
+            self._b_pos[:m] = np.arange(pos0 + start, pos0 + end, dtype=np.int32)
+            lg = self._b_logits
+            lg[:m] = 0
+            if logits_from is not None and end > logits_from:
+                if logits_from < start:
+                    raise SpecrunError("logits asked for rows outside the last batch chunk")
+                lg[logits_from - start:m] = 1
+            self._batch.n_tokens = m
+            t0 = time.perf_counter()
+            rc = ll.llama_decode(self._ctx, self._batch)
+            self.llama_seconds += time.perf_counter() - t0
+            if rc != 0:
+                raise SpecrunError(f"llama_decode failed (code {rc}) for {self.path.name}")
+            start = end
+        self._n_rows = m
+
+    def logits(self, row: int) -> np.ndarray:
+        """Logits of ``row`` of the last decoded chunk: a float32 view, valid until the next decode."""
+        ptr = ll.llama_get_logits_ith(self._ctx, row)
+        if not ptr:
+            raise SpecrunError(f"no logits for row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop every cached position >= n_keep (the rollback after a rejected draft)."""
+        if not ll.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise SpecrunError(
+                f"{self.path.name}: the KV cache cannot drop a tail (recurrent or hybrid model)"
+            )
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+
+    def _probe_truncate(self) -> bool:
+        """Whether this model's memory can drop a tail; recurrent/hybrid memories cannot."""
+        if self.is_recurrent:
+            return False
+        return True

@@ -1,0 +1,171 @@
+"""Sampling math, pure numpy: no llama_cpp here.
+
+Distributions are sparse: ``Dist(ids, probs)`` over the tokens that survive top-k/top-p/min-p, so
+the cost per row is one argpartition over the vocabulary plus work on a few dozen candidates.
+
+The transform follows llama.cpp's default sampler chain order (top-k -> top-p -> min-p ->
+temperature -> dist): top-p and min-p see the softmax of the *untempered* logits, temperature only
+shapes what survives. ``--mode none`` therefore samples what llama.cpp's default chain would, and
+the draft (q) and the target (p) are transformed identically, which the exactness proof needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_TEMP = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temp: float = 0.0
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    min_p: float = DEFAULT_MIN_P
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    def validate(self) -> None:
+        from .errors import UsageError
+
+        if not np.isfinite(self.temp) or self.temp < 0:
+            raise UsageError(f"--temp must be >= 0 (0 = greedy), got {self.temp}")
+        if self.top_k < 0:
+            raise UsageError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise UsageError(f"--min-p must be in [0, 1), got {self.min_p}")
+        if self.seed < 0 or self.seed >= 2**63:
+            raise UsageError(f"--seed must be in [0, 2^63), got {self.seed}")
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"temp": self.temp, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A probability distribution on a sparse support: ``probs[i]`` is the mass of ``ids[i]``.
+
+    ``ids`` are sorted by decreasing probability; ``probs`` sums to 1.
+    """
+
+    ids: np.ndarray  # int64
+    probs: np.ndarray  # float64
+
+    def prob(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        # Inverse CDF with one uniform: cheaper than rng.choice and reproducible across numpy versions.
+        cdf = np.cumsum(self.probs)
+        i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(self.ids[min(i, self.ids.size - 1)])
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros(n_vocab, dtype=np.float64)
+        out[self.ids] = self.probs
+        return out
+
+
+def greedy(logits: np.ndarray) -> int:
+    """The target's own greedy choice: argmax of the raw logits (first index on a tie)."""
+    return int(np.argmax(logits))
+
+
+def top_prob(logits: np.ndarray) -> float:
+    """Probability of the most likely token under the untempered softmax (for --draft-p-min)."""
+    m = float(np.max(logits))
+    return float(1.0 / np.sum(np.exp(logits.astype(np.float64) - m)))
+
+
+def transform(logits: np.ndarray, params: SamplingParams) -> Dist:
+    """logits -> the distribution llama.cpp's top-k/top-p/min-p/temp chain samples from."""
+    n = logits.shape[0]
+    k = params.top_k if 0 < params.top_k < n else n
+    if k < n:
+        ids = np.argpartition(logits, n - k)[n - k:]
+    else:
+        ids = np.arange(n)
+    cand = logits[ids].astype(np.float64)
+    order = np.argsort(-cand, kind="stable")
+    ids = ids[order].astype(np.int64)
+    cand = cand[order]
+
+    keep = cand.size
+    if params.top_p < 1.0:
+        p = np.exp(cand - cand[0])
+        p /= p.sum()
+        cum = np.cumsum(p)
+        # Smallest prefix whose mass reaches top_p (llama.cpp: include the crossing token).
+        keep = min(keep, int(np.searchsorted(cum, params.top_p, side="left")) + 1)
+    if params.min_p > 0.0:
+        # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p): no softmax needed.
+        keep = min(keep, max(1, int(np.count_nonzero(cand[:keep] >= cand[0] + np.log(params.min_p)))))
+    ids, cand = ids[:keep], cand[:keep]
+
+    temp = params.temp if params.temp > 0 else 1.0
+    probs = np.exp((cand - cand[0]) / temp)
+    probs /= probs.sum()
+    return Dist(ids, probs)
+
+
+def accept_prob(p: Dist, q: Dist | None, token: int) -> float:
+    """Leviathan/Chen acceptance probability min(1, p(x)/q(x)) for a draft token x ~ q.
+
+    ``q=None`` means a deterministic proposal (prompt lookup): q is one-hot at x, and the exact
+    rule reduces to accepting with probability p(x).
+    """
+    px = p.prob(token)
+    qx = 1.0 if q is None else q.prob(token)
+    if qx <= 0.0:
+        return 1.0 if px > 0 else 0.0  # cannot happen for x ~ q; keep the rule total
+    return min(1.0, px / qx)
+
+
+def residual(p: Dist, q: Dist | None, token: int) -> Dist:
+    """norm(max(0, p - q)): what to sample from after rejecting ``token``.
+
+    With ``q=None`` (one-hot proposal at ``token``) the residual is p without ``token``.
+    """
+    if q is None:
+        mask = p.ids != token
+        ids, mass = p.ids[mask], p.probs[mask]
+    else:
+        ids = np.union1d(p.ids, q.ids)
+        pd = np.zeros(ids.size)
+        qd = np.zeros(ids.size)
+        pd[np.searchsorted(ids, p.ids)] = p.probs
+        qd[np.searchsorted(ids, q.ids)] = q.probs
+        mass = np.maximum(pd - qd, 0.0)
+        nz = mass > 0.0
+        ids, mass = ids[nz], mass[nz]
+    total = mass.sum()
+    if ids.size == 0 or total <= 1e-12:
+        # Only reachable through rounding when p == q: then p itself is the right answer.
+        return p
+    order = np.argsort(-mass, kind="stable")
+    return Dist(ids[order], mass[order] / total)
+
+
+def speculative_step(
+    p: Dist, q: Dist | None, token: int, rng: np.random.Generator
+) -> tuple[bool, int]:
+    """One position of rejection sampling: (accepted, emitted token).
+
+    Accept x with probability min(1, p(x)/q(x)); on rejection emit a sample of the residual. The
+    emitted token is distributed exactly as p whatever q is (tests/test_sampling.py proves it).
+    """
+    if rng.random() < accept_prob(p, q, token):
+        return True, token
+    return False, residual(p, q, token).sample(rng)
