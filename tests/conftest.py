@@ -1,0 +1,80 @@
+"""Shared fixtures: the real models of the built-in pairs, loaded once per test session.
+
+`make test` runs `make install` first, which pulls the default pair; the fixtures pull whatever
+else they need through the registry (a model already present costs nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECRUN = str(Path(sys.executable).with_name("specrun"))
+
+SMOL_TARGET = "smollm2-135m-instruct-f32"
+SMOL_DRAFT = "smollm2-135m-instruct-q4_0"
+SMOL_Q4_1 = "smollm2-135m-instruct-q4_1"
+GEMMA_TARGET = "gemma-3-270m-f32"
+GEMMA_DRAFT = "gemma-3-270m-q4_k_m"
+
+THREADS = int(os.environ.get("SPECRUN_TEST_THREADS", "2"))
+
+
+@pytest.fixture(scope="session")
+def registry():
+    from specrun.registry import Registry
+
+    return Registry.load()
+
+
+@pytest.fixture(scope="session")
+def model_path(registry):
+    """model_path(name) -> local GGUF path of a registry model, pulled if missing."""
+
+    def get(name: str) -> Path:
+        return registry.ensure(name)
+
+    return get
+
+
+def _load(path: Path, n_ctx: int = 2048):
+    from specrun.runtime import LoadOptions, Model
+
+    return Model(path, LoadOptions(n_ctx=n_ctx, n_threads=THREADS))
+
+
+@pytest.fixture(scope="session")
+def smol_target(model_path):
+    m = _load(model_path(SMOL_TARGET))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def smol_draft(model_path):
+    m = _load(model_path(SMOL_DRAFT))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_target(model_path):
+    m = _load(model_path(GEMMA_TARGET))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_draft(model_path):
+    m = _load(model_path(GEMMA_DRAFT))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def pairs(smol_target, smol_draft, gemma_target, gemma_draft):
+    return {"smollm2": (smol_target, smol_draft), "gemma3": (gemma_target, gemma_draft)}
