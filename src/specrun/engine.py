@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import sampling as S
-from .drafters import EMPTY, DraftModel, Drafter, Proposal
+from .drafters import EMPTY, DraftModel, Proposal
+from .policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
 from .errors import SpecrunError, UsageError
 from .runtime import Model
 from .stats import SpecStats
@@ -33,6 +34,9 @@ class SpecConfig:
     draft_min: int = 0
     draft_p_min: float = 0.0
     verify: str = "rejection"  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
+    lookup_min: int = 1
+    lookup_max: int = 4
+    lookup_cache: str | None = None  # a file of n-gram statistics kept across runs
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -43,6 +47,10 @@ class SpecConfig:
             raise UsageError(f"--draft-min must be in [0, --draft-max], got {self.draft_min}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        if not 1 <= self.lookup_min <= self.lookup_max:
+            raise UsageError(
+                f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
+            )
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
 
@@ -89,17 +97,17 @@ class Engine:
         self.config.validate()
         self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
         self.mode = self.resolve_mode(self.config.mode)
-        self.drafter: Drafter | None = self.draft_model if self.mode == "draft" else None
+        self.policy = self._make_policy(self.mode)
         self._target_cached: list[int] = []  # mirror of the target cache, for prefix reuse
 
     # -- set-up ---------------------------------------------------------------------------
     def resolve_mode(self, mode: str) -> str:
         if mode == "auto":
-            return "draft" if self.draft_model is not None and self.target.can_truncate else "none"
+            # Adaptive, never slower than the target alone by design; a target whose cache
+            # cannot be rolled back cannot speculate at all.
+            return "auto" if self.target.can_truncate else "none"
         if mode in ("draft", "hybrid") and self.draft_model is None:
             raise UsageError(f"--mode {mode} needs a draft model (-md PATH_OR_NAME or a --pair)")
-        if mode in ("lookup", "hybrid"):
-            raise UsageError(f"--mode {mode} is not available yet in this build")
         if mode != "none" and not self.target.can_truncate:
             raise SpecrunError(
                 f"{self.target.path.name} is a recurrent or hybrid model whose cache cannot be "
@@ -107,12 +115,36 @@ class Engine:
             )
         return mode
 
+    def _make_policy(self, mode: str) -> Policy:
+        from pathlib import Path
+
+        from .lookup import NgramCache, PromptLookup
+
+        cfg = self.config
+        lookup = None
+        if mode in ("lookup", "hybrid", "auto"):
+            cache = NgramCache(Path(cfg.lookup_cache).expanduser()) if cfg.lookup_cache else None
+            lookup = PromptLookup(cfg.lookup_min, cfg.lookup_max, cache)
+        if mode == "draft":
+            assert self.draft_model is not None
+            return FixedPolicy(self.draft_model)
+        if mode == "lookup":
+            assert lookup is not None
+            return FixedPolicy(lookup)
+        if mode == "hybrid":
+            assert lookup is not None and self.draft_model is not None
+            return HybridPolicy(lookup, self.draft_model)
+        if mode == "auto":
+            return AutoPolicy(cfg.draft_max, lookup, self.draft_model)
+        return NoDraft()
+
     def reset(self) -> None:
         """Forget both caches (bench: every run starts cold)."""
         self.target.clear()
         self._target_cached = []
         if self.draft_model is not None:
             self.draft_model.reset()
+        self.policy.reset()
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
         n, ctx = len(prompt), self.target.n_ctx
@@ -147,7 +179,9 @@ class Engine:
         llama0 = self._llama_seconds()
 
         t0 = time.perf_counter()
-        st.prefill_tokens = self._prefill(run.tokens)
+        # Prompt tokens this generation evaluates: the prefill plus the pending last token,
+        # which the first target pass evaluates (a reused cache makes this the new turn only).
+        st.prefill_tokens = self._prefill(run.tokens) + 1
         st.prefill_seconds = time.perf_counter() - t0
         llama_prefill = self._llama_seconds() - llama0
 
@@ -157,7 +191,7 @@ class Engine:
         draft_min = self.config.draft_min
         eog = target.is_eog
         piece = target.piece
-        drafter = self.drafter
+        policy = self.policy
         t_decode = time.perf_counter()
         try:
             while run.finish is None:
@@ -172,21 +206,25 @@ class Engine:
                     break
                 # Never verify more than can be emitted or than the context holds.
                 k = min(draft_max, remaining - 1, target.n_ctx - base)
-                prop = EMPTY
-                if drafter is not None and k > 0:
-                    prop = drafter.propose(run.tokens, k, params, rng, greedy or match)
+                name, prop = "none", EMPTY
+                t_step = time.perf_counter()
+                if k > 0:
+                    name, prop = policy.draft(run.tokens, k, params, rng, greedy or match)
                     if len(prop) < max(draft_min, 1):
-                        prop = EMPTY
+                        name, prop = "none", EMPTY
+                t_verify = time.perf_counter()
                 n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match)
                 k_used = len(prop)
-                st.record_pass(drafter.name if drafter and k_used else "none", k_used, n_acc)
+                verify_s = time.perf_counter() - t_verify
+                st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
+                st.record_pass(name, k_used, n_acc)
+                policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc
                 if len(self._target_cached) > valid:
                     target.truncate(valid)
                     del self._target_cached[valid:]
-                if drafter is not None:
-                    drafter.rollback(valid)
+                policy.rollback(valid)
 
                 out_tokens: list[int] = []
                 flags: list[bool] = []
@@ -213,11 +251,11 @@ class Engine:
                 st.decode_seconds = time.perf_counter() - t_decode
                 st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
                 if out_tokens:
-                    yield Step(out_tokens, flags, "".join(text_parts),
-                               drafter.name if drafter and k_used else "none", k_used, n_acc, st)
+                    yield Step(out_tokens, flags, "".join(text_parts), name, k_used, n_acc, st)
         finally:
             st.decode_seconds = time.perf_counter() - t_decode
             st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
+        policy.finish(run.tokens)
         tail = run.stream.flush()
         if tail:
             yield Step([], [], tail, "none", 0, 0, st)
@@ -258,16 +296,14 @@ class Engine:
         todo = tokens[keep:-1]
         self.target.decode(todo, keep)
         self._target_cached = list(tokens[:-1])
-        if self.drafter is not None:
-            self.drafter.prefill(tokens)
+        self.policy.prefill(tokens)
         return len(todo)
 
     def _rollback_to(self, valid: int) -> None:
         if len(self._target_cached) > valid:
             self.target.truncate(valid)
             del self._target_cached[valid:]
-        if self.drafter is not None:
-            self.drafter.rollback(valid)
+        self.policy.rollback(valid)
 
     def _verify(
         self,

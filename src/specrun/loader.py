@@ -27,6 +27,9 @@ class ModelOptions:
     draft_min: int = 0
     draft_p_min: float = 0.0
     verify: str = "rejection"
+    lookup_min: int = 1
+    lookup_max: int = 4
+    lookup_cache: str | None = None
     ngl: int = -1
     ngl_draft: int = -1
     ctx: int = DEFAULT_CTX
@@ -61,6 +64,9 @@ class ModelOptions:
             draft_min=self.draft_min,
             draft_p_min=self.draft_p_min,
             verify=self.verify,
+            lookup_min=self.lookup_min,
+            lookup_max=self.lookup_max,
+            lookup_cache=self.lookup_cache,
         )
 
 
@@ -86,7 +92,7 @@ class Loaded:
 
 def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None) -> Plan:
     """Resolve -m/-md/--pair to local files (pulling registry models that are missing)."""
-    uses_draft = opts.mode != "none"
+    uses_draft = opts.mode not in ("none", "lookup")
     if opts.pair and opts.model:
         raise UsageError("give either --pair or -m/--model, not both")
     if opts.model:

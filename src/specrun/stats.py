@@ -20,6 +20,10 @@ class SpecStats:
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0
     modes_used: Counter[str] = field(default_factory=Counter)
+    draft_seconds: float = 0.0  # inside drafter.propose (draft model decodes + sampling)
+    draft_steps: int = 0  # draft model decode steps (one per proposed token)
+    verify_seconds: dict[int, float] = field(default_factory=dict)  # rows -> total pass time
+    verify_counts: dict[int, int] = field(default_factory=dict)  # rows -> passes
     window: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=64))
 
     def record_pass(self, drafter: str, k: int, n_accepted: int) -> None:
@@ -41,6 +45,20 @@ class SpecStats:
         self.modes_used[f"{drafter}:{k}" if k else "none:0"] += 1
         if k:
             self.window.append((k, n_accepted))
+
+    def record_timing(self, rows: int, verify_s: float, draft_s: float, draft_steps: int) -> None:
+        self.verify_seconds[rows] = self.verify_seconds.get(rows, 0.0) + verify_s
+        self.verify_counts[rows] = self.verify_counts.get(rows, 0) + 1
+        self.draft_seconds += draft_s
+        self.draft_steps += draft_steps
+
+    def costs(self) -> dict[str, object]:
+        """Measured costs for the cost model: mean target pass time per batch size, mean draft
+        step time, both in seconds."""
+        return {
+            "verify_seconds_by_rows": {r: self.verify_seconds[r] / self.verify_counts[r] for r in sorted(self.verify_counts)},
+            "draft_step_seconds": self.draft_seconds / self.draft_steps if self.draft_steps else None,
+        }
 
     @property
     def acceptance_rate(self) -> float:

@@ -1,0 +1,54 @@
+"""The cost model of speculative decoding (DESIGN.md), as pure functions.
+
+Units: time is measured in "target tokens", the cost of one plain target decode step.
+
+- ``cum_acc[i]`` is the probability that draft positions 0..i are all accepted (what the stats
+  call per-position acceptance). With a constant per-position rate a, ``cum_acc[i] = a**(i+1)``.
+- Expected tokens per target pass with a draft of K: ``1 + sum(cum_acc[:K])`` (the accepted
+  drafts plus the target's own token) = (1 - a^(K+1)) / (1 - a) in the constant case.
+- Cost of that pass: ``K * c + V(K + 1)``: K draft steps of relative cost c, plus one target pass
+  over K + 1 rows of relative cost V(K + 1) (V(1) = 1).
+- Speed-up over the target alone: the ratio of the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+VerifyCost = Callable[[int], float]
+
+
+def geometric(a: float, k: int) -> list[float]:
+    """Cumulative acceptance for a constant per-position rate ``a``."""
+    return [a ** (i + 1) for i in range(k)]
+
+
+def expected_tokens(cum_acc: Sequence[float], k: int) -> float:
+    if k > len(cum_acc):
+        raise ValueError(f"need acceptance for {k} positions, have {len(cum_acc)}")
+    return 1.0 + float(sum(cum_acc[:k]))
+
+
+def pass_cost(k: int, c: float, verify_cost: Callable[[int], float]) -> float:
+    return (k * c if k else 0.0) + verify_cost(k + 1)
+
+
+def predicted_speedup(cum_acc: Sequence[float], k: int, c: float, verify_cost: Callable[[int], float]) -> float:
+    return expected_tokens(cum_acc, k) / pass_cost(k, c, verify_cost)
+
+
+def best_k(
+    cum_acc: Sequence[float], c: float, verify_cost: Callable[[int], float], k_max: int
+) -> tuple[int, float]:
+    """The K in 0..k_max with the highest predicted speed-up (K = 0: plain decoding, 1.0)."""
+    best = (0, predicted_speedup(cum_acc, 0, c, verify_cost))
+    for k in range(1, min(k_max, len(cum_acc)) + 1):
+        s = predicted_speedup(cum_acc, k, c, verify_cost)
+        if s > best[1] + 1e-9:
+            best = (k, s)
+    return best
+
+
+def linear_verify_cost(slope: float) -> Callable[[int], float]:
+    """V(n) = 1 + slope * (n - 1): a batch of n rows costs a bit more than one row."""
+    return lambda n: 1.0 + slope * (n - 1)

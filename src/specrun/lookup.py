@@ -1,0 +1,198 @@
+"""Prompt lookup decoding: draft from the context itself, no second model.
+
+``NgramIndex`` maps every n-gram of the token history (n in [n_min, n_max]) to the position
+right after its most recent occurrence. It is updated with each accepted token in O(n_max)
+(no scan of the history), so proposing costs a few dict lookups per step.
+
+``NgramCache`` is the optional persistent store (``--lookup-cache FILE``): follower counts per
+n-gram gathered across runs, as llama.cpp's lookup tool keeps them, saved atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from . import sampling as S
+from .drafters import EMPTY, Proposal
+from .errors import SpecrunError
+
+
+class NgramIndex:
+    def __init__(self, n_min: int = 1, n_max: int = 4) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self._last: dict[tuple[int, ...], int] = {}
+
+    def reset(self) -> None:
+        self.tokens = []
+        self._last = {}
+
+    def extend(self, new: list[int]) -> None:
+        """Append accepted tokens; index each n-gram that now has a follower."""
+        toks = self.tokens
+        last = self._last
+        lo, hi = self.n_min, self.n_max
+        for tok in new:
+            i = len(toks)  # the new token's position: it follows the n-grams ending at i - 1
+            for n in range(lo, min(hi, i) + 1):
+                last[tuple(toks[i - n:i])] = i
+            toks.append(tok)
+
+    def sync(self, tokens: list[int], full_check: bool = False) -> None:
+        """Make the index cover ``tokens``. Between prefills the engine only appends, so the
+        cheap check (length and last indexed token) suffices; a prefill checks the whole prefix."""
+        n = len(self.tokens)
+        grew = len(tokens) >= n and (n == 0 or tokens[n - 1] == self.tokens[n - 1])
+        if grew and full_check:
+            grew = tokens[:n] == self.tokens
+        if grew:
+            self.extend(tokens[n:])
+        else:
+            self.reset()
+            self.extend(tokens)
+
+    def match(self) -> tuple[int, int]:
+        """(match length, position of the follower) of the longest suffix n-gram seen before,
+        most recent occurrence; (0, -1) when none."""
+        toks = self.tokens
+        L = len(toks)
+        for n in range(min(self.n_max, L), self.n_min - 1, -1):
+            j = self._last.get(tuple(toks[L - n:]))
+            if j is not None:
+                return n, j
+        return 0, -1
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        """Up to k tokens that followed the longest matching suffix; and the match length."""
+        n, j = self.match()
+        if n == 0 or k <= 0:
+            return [], 0
+        return self.tokens[j:j + k], n
+
+
+class NgramCache:
+    """Persistent n-gram -> follower counts, merged across runs."""
+
+    VERSION = 1
+
+    def __init__(self, path: Path | None, n: int = 3, max_entries: int = 500_000) -> None:
+        self.path = path
+        self.n = n
+        self.max_entries = max_entries
+        self.counts: dict[tuple[int, ...], Counter[int]] = {}
+        if path is not None and path.exists():
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("version") != self.VERSION or int(data.get("n", 0)) != self.n:
+                raise ValueError("unknown format")
+            for key, followers in data["ngrams"].items():
+                self.counts[tuple(int(x) for x in key.split())] = Counter(
+                    {int(t): int(c) for t, c in followers.items()}
+                )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SpecrunError(f"lookup cache {path} is unreadable ({exc}); remove it or pick another file") from None
+
+    def add(self, tokens: list[int]) -> None:
+        n = self.n
+        for i in range(n, len(tokens)):
+            key = tuple(tokens[i - n:i])
+            c = self.counts.get(key)
+            if c is None:
+                c = self.counts[key] = Counter()
+            c[tokens[i]] += 1
+
+    def propose(self, tokens: list[int], k: int, min_count: int = 2) -> list[int]:
+        """Chain the most frequent followers while they are frequent enough."""
+        out: list[int] = []
+        ctx = list(tokens[-self.n:])
+        while len(out) < k and len(ctx) == self.n:
+            c = self.counts.get(tuple(ctx))
+            if not c:
+                break
+            tok, cnt = c.most_common(1)[0]
+            if cnt < min_count:
+                break
+            out.append(tok)
+            ctx = ctx[1:] + [tok]
+        return out
+
+    def save(self) -> None:
+        """Write atomically: a crash mid-save leaves the previous file intact."""
+        if self.path is None:
+            return
+        items = self.counts.items()
+        if len(self.counts) > self.max_entries:
+            items = sorted(items, key=lambda kv: -sum(kv[1].values()))[: self.max_entries]
+        data = {
+            "version": self.VERSION,
+            "n": self.n,
+            "ngrams": {" ".join(map(str, k)): {str(t): c for t, c in v.items()} for k, v in items},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, separators=(",", ":"))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+class PromptLookup:
+    """Drafter over the context's own n-grams (and, optionally, a persistent n-gram cache).
+
+    Proposals are deterministic (``dists=None``): under sampling the engine accepts a proposed
+    token x with probability p(x), the exact rule for a one-hot proposal.
+    """
+
+    name = "lookup"
+
+    def __init__(self, n_min: int = 1, n_max: int = 4, cache: NgramCache | None = None) -> None:
+        self.index = NgramIndex(n_min, n_max)
+        self.cache = cache
+        self.last_match = 0  # match length of the last proposal (the controller keys on it)
+
+    def reset(self) -> None:
+        self.index.reset()
+
+    def prefill(self, tokens: list[int]) -> int:
+        self.index.sync(tokens, full_check=True)
+        return 0
+
+    def propose(
+        self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> Proposal:
+        self.index.sync(tokens)
+        out, n = self.index.propose(k)
+        if not out and self.cache is not None:
+            out = self.cache.propose(tokens, k)
+            n = self.cache.n if out else 0
+        self.last_match = n
+        return Proposal(out, None) if out else EMPTY
+
+    def rollback(self, valid_len: int) -> None:
+        """Nothing to undo: the index only ever holds accepted tokens."""
+
+    def finish(self, tokens: list[int]) -> None:
+        """End of a generation: fold its n-grams into the persistent cache and save it."""
+        if self.cache is not None:
+            self.cache.add(tokens)
+            self.cache.save()

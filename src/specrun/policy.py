@@ -1,0 +1,268 @@
+"""Which drafter drafts, and how far, at each step.
+
+- ``FixedPolicy``: one drafter, always ``draft_max`` (modes ``draft`` and ``lookup``).
+- ``HybridPolicy``: prompt lookup first; the draft model where lookup has nothing.
+- ``AutoPolicy``: before each step, the drafter and K that maximise expected tokens per second
+  by the cost model (costmodel.py), from running estimates of per-position acceptance (per
+  drafter, and per match length for lookup) and of the costs measured online (target pass
+  time as a function of rows, draft step time). K = 0 (plain decoding) when nothing pays; a
+  drafter that does not pay is re-probed now and then, with a backoff, so that one that starts
+  paying is found again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import costmodel
+from . import sampling as S
+from .drafters import EMPTY, DraftModel, Drafter, Proposal
+
+
+class Policy:
+    drafters: Sequence[Drafter] = ()
+
+    def draft(self, tokens: list[int], k_cap: int, params: S.SamplingParams,
+              rng: np.random.Generator, greedy_draft: bool) -> tuple[str, Proposal]:
+        raise NotImplementedError
+
+    def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        """What the last step cost and how much of its draft the target accepted."""
+
+    def prefill(self, tokens: list[int]) -> None:
+        for d in self.drafters:
+            d.prefill(tokens)
+
+    def rollback(self, valid_len: int) -> None:
+        for d in self.drafters:
+            d.rollback(valid_len)
+
+    def reset(self) -> None:
+        for d in self.drafters:
+            d.reset()
+
+    def finish(self, tokens: list[int]) -> None:
+        for d in self.drafters:
+            fin = getattr(d, "finish", None)
+            if fin is not None:
+                fin(tokens)
+
+
+class NoDraft(Policy):
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        return "none", EMPTY
+
+
+class FixedPolicy(Policy):
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.drafters = (drafter,)
+
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        return self.drafter.name, self.drafter.propose(tokens, k_cap, params, rng, greedy_draft)
+
+
+class HybridPolicy(Policy):
+    def __init__(self, lookup: Drafter, model: DraftModel) -> None:
+        self.lookup, self.model = lookup, model
+        self.drafters = (lookup, model)
+
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
+        if len(prop):
+            return self.lookup.name, prop
+        return self.model.name, self.model.propose(tokens, k_cap, params, rng, greedy_draft)
+
+
+@dataclass
+class _Acceptance:
+    """Running estimate of cumulative per-position acceptance (EMA per position).
+
+    Positions seldom drafted (short probes never reach them) are extrapolated from the deepest
+    well-observed position at its conditional rate, so a drafter that does well at K = 2 is
+    tried at K = 3, and so on.
+    """
+
+    cum: list[float]
+    alpha: float = 0.15
+    seen: list[int] = field(default_factory=list)
+    MIN_SEEN = 4
+
+    def __post_init__(self) -> None:
+        self.seen = [0] * len(self.cum)
+
+    def update(self, k: int, n_accepted: int) -> None:
+        a = self.alpha
+        for i in range(min(k, len(self.cum))):
+            hit = 1.0 if n_accepted > i else 0.0
+            # Plain average while few samples (fast start), EMA after (tracks drift).
+            w = max(a, 1.0 / (self.seen[i] + 1))
+            self.cum[i] += w * (hit - self.cum[i])
+            self.seen[i] += 1
+
+    def estimate(self) -> list[float]:
+        out = list(self.cum)
+        deep = max((i for i, n in enumerate(self.seen) if n >= self.MIN_SEEN), default=-1)
+        if deep >= 0:
+            prev = out[deep - 1] if deep > 0 else 1.0
+            rate = min(1.0, out[deep] / prev) if prev > 0 else 0.0
+            for i in range(deep + 1, len(out)):
+                out[i] = out[i - 1] * rate
+        # Monotone: position i cannot be accepted more often than position i - 1.
+        for i in range(1, len(out)):
+            out[i] = min(out[i], out[i - 1])
+        return out
+
+
+@dataclass
+class _Costs:
+    """Online measurements: target pass seconds by rows, draft step seconds."""
+
+    verify: dict[int, float] = field(default_factory=dict)
+    draft_step: float | None = None
+    alpha: float = 0.2
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        old = self.verify.get(rows)
+        self.verify[rows] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def observe_draft(self, steps: int, seconds: float) -> None:
+        if steps <= 0:
+            return
+        per = seconds / steps
+        self.draft_step = per if self.draft_step is None else self.draft_step + self.alpha * (per - self.draft_step)
+
+    def t1(self) -> float | None:
+        if 1 in self.verify:
+            return self.verify[1]
+        if self.verify:  # extrapolate from the smallest batch seen, with the prior slope
+            r = min(self.verify)
+            return self.verify[r] / (1.0 + AutoPolicy.PRIOR_VERIFY_SLOPE * (r - 1))
+        return None
+
+    def verify_cost(self) -> costmodel.VerifyCost:
+        """V(n) relative to one row: measured where seen, else a line through what was seen."""
+        t1 = self.t1()
+        if t1 is None or t1 <= 0:
+            return costmodel.linear_verify_cost(AutoPolicy.PRIOR_VERIFY_SLOPE)
+        rows = sorted(r for r in self.verify if r > 1)
+        if rows:
+            r = rows[-1]
+            slope = max(0.0, (self.verify[r] / t1 - 1.0) / (r - 1))
+        else:
+            slope = AutoPolicy.PRIOR_VERIFY_SLOPE
+        seen = {r: t / t1 for r, t in self.verify.items()}
+
+        def v(n: int) -> float:
+            return seen.get(n, 1.0 + slope * (n - 1))
+
+        return v
+
+
+class AutoPolicy(Policy):
+    PRIOR_VERIFY_SLOPE = 0.1  # V(5) ~ 1.4 on a 2-core CPU (DESIGN.md)
+    PRIOR_DRAFT_COST = 0.35  # a re-quantized self-draft: c ~ 0.25-0.5
+    PRIOR_ACCEPT = {"draft": 0.6, "lookup": 0.5}
+    MARGIN = 1.03  # speculate only when it is predicted to pay at least this much
+    PROBE_MIN, PROBE_MAX = 8, 128
+
+    def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
+        self.draft_max = draft_max
+        self.lookup, self.model = lookup, model
+        self.drafters = tuple(d for d in (lookup, model) if d is not None)
+        self.costs = _Costs()
+        self.acc: dict[str, _Acceptance] = {}
+        self._probe_every = {d.name: self.PROBE_MIN for d in self.drafters}
+        self._since = {d.name: 0 for d in self.drafters}
+        self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
+        self._key = "none"
+        self._longer = False  # the last draft was accepted whole: explore one position further
+
+    def _acc(self, key: str) -> _Acceptance:
+        a = self.acc.get(key)
+        if a is None:
+            base = self.PRIOR_ACCEPT["lookup" if key.startswith("lookup") else "draft"]
+            a = self.acc[key] = _Acceptance(costmodel.geometric(base, self.draft_max))
+        return a
+
+    def _draft_c(self) -> float:
+        t1 = self.costs.t1()
+        if self.costs.draft_step is None or not t1:
+            return self.PRIOR_DRAFT_COST
+        return self.costs.draft_step / t1
+
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        v = self.costs.verify_cost()
+        for name in self._since:
+            self._since[name] += 1
+        best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
+        probe: tuple[str, int] | None = None
+
+        if self.lookup is not None:
+            prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
+            if len(prop):
+                key = f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
+                k, s = costmodel.best_k(self._acc(key).estimate(), 0.0, v, len(prop))
+                if k and s > best[0]:
+                    best = (s, key, k, Proposal(prop.tokens[:k], None))
+                elif self._since["lookup"] >= self._probe_every["lookup"]:
+                    probe = ("lookup", 0)
+                    best_probe = Proposal(prop.tokens[: min(2, len(prop))], None)
+        if self.model is not None:
+            k, s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
+            if k and s > best[0]:
+                best = (s, "draft", k, None)
+            elif best[1] == "none" and probe is None and self._since["draft"] >= self._probe_every["draft"]:
+                probe = ("draft", min(2, k_cap))
+
+        s, key, k, prop_ready = best
+        if key == "none" and probe is not None:
+            name, pk = probe
+            self._since[name] = 0
+            self._probe_every[name] = min(self.PROBE_MAX, self._probe_every[name] * 2)
+            if name == "lookup":
+                key, prop_ready, k = self._lookup_key(), best_probe, len(best_probe)
+            else:
+                key, k = "draft", pk
+            s = 0.0
+        self.last_choice = (key, k, s)
+        self._key = key
+        if key == "none":
+            return "none", EMPTY
+        if key.startswith("lookup"):
+            self._since["lookup"] = 0
+            assert prop_ready is not None
+            return "lookup", prop_ready
+        self._since["draft"] = 0
+        assert self.model is not None
+        if self._longer and s > 0:
+            # Positions past the chosen K are only learnt by drafting them: after a draft that
+            # was accepted whole, draft one more (as adaptive-K heuristics do).
+            k = min(k + 1, k_cap)
+        return "draft", self.model.propose(tokens, k, params, rng, greedy_draft)
+
+    def _lookup_key(self) -> str:
+        return f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
+
+    def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        self.costs.observe_verify(k + 1, verify_s)
+        if name == "none" or k == 0:
+            return
+        self._longer = n_accepted == k
+        key = self._key if self._key.startswith(name) else name
+        acc = self._acc(key)
+        acc.update(k, n_accepted)
+        if name == "draft":
+            self.costs.observe_draft(k, draft_s)
+        # A fully accepted draft re-probes at once (a burst that quickly corrects a stale,
+        # pessimistic estimate); one that would have paid resets the backoff.
+        if n_accepted == k:
+            self._probe_every[name] = 1
+            return
+        v = self.costs.verify_cost()
+        c = self._draft_c() if name == "draft" else 0.0
+        if costmodel.best_k(acc.estimate(), c, v, len(acc.cum))[1] > self.MARGIN:
+            self._probe_every[name] = self.PROBE_MIN

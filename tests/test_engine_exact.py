@@ -1,0 +1,202 @@
+"""Greedy speculation says exactly what the target says: on both real pairs, varied prompts,
+several draft lengths; and the rollback edges, each named."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrun.cli import chat_tokens
+from specrun.drafters import Proposal
+from specrun.engine import Engine, Result, SpecConfig
+from specrun.policy import FixedPolicy
+from specrun.sampling import SamplingParams
+
+pytestmark = pytest.mark.models
+
+GREEDY = SamplingParams(temp=0.0)
+N = 128
+
+PROMPTS = {
+    "code": "def quicksort(items):\n    \"\"\"Sort a list with quicksort.\"\"\"\n",
+    "prose": "The history of the printing press begins in the fifteenth century, when",
+    "list": "Ten common fruits, one per line:\n1. Apple\n2.",
+    "repeat": "la la la la la la la la la la la la la la la la la la la la",
+    "json": '{"name": "Ada Lovelace", "born": 1815, "fields": ["mathematics",',
+    "numbers": "1, 2, 3, 5, 8, 13, 21,",
+    "french": "Translate to French: The cat sleeps on the warm windowsill.\nFrench:",
+    "chat": None,  # a chat-templated question, built per model
+}
+CHAT_QUESTION = "What are three good habits for writing maintainable code?"
+
+
+def prompt_tokens(model, key: str) -> list[int]:
+    if key == "chat":
+        template = model.chat_template()
+        if template:
+            return chat_tokens(model, template, [{"role": "user", "content": CHAT_QUESTION}])
+        return model.tokenize(f"Question: {CHAT_QUESTION}\nAnswer:", add_special=True)
+    return model.tokenize(PROMPTS[key], add_special=True)
+
+
+@pytest.fixture(scope="module")
+def baselines(pairs):
+    """--mode none on every (pair, prompt): what the target alone says."""
+    out = {}
+    for pair_name, (target, _draft) in pairs.items():
+        alone = Engine(target, None, SpecConfig(mode="none"))
+        for key in PROMPTS:
+            toks = prompt_tokens(target, key)
+            out[pair_name, key] = alone.run(toks, max_tokens=N, params=GREEDY, reuse_cache=False)
+    return out
+
+
+@pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("draft_max", [1, 3, 4, 8])
+def test_draft_equals_target_alone(pairs, baselines, pair_name, draft_max):
+    target, draft = pairs[pair_name]
+    engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=draft_max))
+    drafted = 0
+    for key in PROMPTS:
+        toks = prompt_tokens(target, key)
+        got = engine.run(toks, max_tokens=N, params=GREEDY, reuse_cache=False)
+        want = baselines[pair_name, key]
+        assert got.tokens == want.tokens, f"{pair_name}/{key} K={draft_max} diverged"
+        assert got.text == want.text
+        assert got.finish_reason == want.finish_reason
+        assert got.stats.target_passes <= want.stats.target_passes
+        drafted += got.stats.drafted
+    assert drafted > 0
+
+
+def test_baselines_are_long_enough(baselines):
+    # The exactness claim is only as strong as the outputs are long.
+    long = [k for k, r in baselines.items() if len(r.tokens) >= N]
+    assert len(long) >= 12, {k: len(r.tokens) for k, r in baselines.items()}
+
+
+# -- rollback edges ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def self_draft(model_path):
+    """The target's own weights as the draft: every greedy draft token is accepted."""
+    from conftest import SMOL_TARGET, THREADS
+    from specrun.runtime import LoadOptions, Model
+
+    m = Model(model_path(SMOL_TARGET), LoadOptions(n_ctx=2048, n_threads=THREADS))
+    yield m
+    m.close()
+
+
+class WrongDrafter:
+    """Proposes a token the target never picks, so every pass rejects at position 0."""
+
+    name = "draft"
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def prefill(self, tokens):
+        return 0
+
+    def propose(self, tokens, k, params, rng, greedy_draft):
+        return Proposal([self.token] * k, None)
+
+    def rollback(self, valid_len):
+        pass
+
+    def reset(self):
+        pass
+
+
+def steps_of(engine, toks, **kw):
+    steps, result = [], None
+    for ev in engine.generate(toks, **kw):
+        if isinstance(ev, Result):
+            result = ev
+        else:
+            steps.append(ev)
+    return steps, result
+
+
+def test_all_drafts_accepted(smol_target, self_draft):
+    toks = prompt_tokens(smol_target, "code")
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=4))
+    got = engine.run(toks, max_tokens=N, reuse_cache=False)
+    assert got.tokens == want.tokens
+    h = got.stats.histogram
+    assert len(h) == 5 and h[4] >= 0.8 * sum(h), h  # nearly every pass accepted all 4
+    # Fully accepted passes leave the draft one token behind: it must catch up, not re-decode.
+    assert got.stats.acceptance_rate > 0.9
+
+
+def test_rejection_at_first_position(smol_target):
+    toks = prompt_tokens(smol_target, "prose")
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=64, reuse_cache=False)
+    engine = Engine(smol_target, None, SpecConfig(mode="none"))
+    engine.policy = FixedPolicy(WrongDrafter(token=smol_target.n_vocab - 1))
+    got = engine.run(toks, max_tokens=64, reuse_cache=False)
+    assert got.tokens == want.tokens
+    assert got.stats.accepted == 0 and got.stats.drafted > 0
+    assert got.stats.histogram == [got.stats.target_passes]
+
+
+def test_eos_inside_accepted_draft(smol_target, self_draft):
+    toks = prompt_tokens(smol_target, "chat")
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=400, reuse_cache=False)
+    assert want.finish_reason == "eos"
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8))
+    steps, got = steps_of(engine, toks, max_tokens=400, reuse_cache=False)
+    assert got.finish_reason == "eos"
+    assert got.tokens == want.tokens
+    assert not any(smol_target.is_eog(t) for t in got.tokens)
+    last = steps[-1]
+    # The EOS came inside a draft the target accepted: the pass committed fewer tokens than it
+    # accepted + 1, and nothing after the EOS was emitted.
+    assert last.accepted >= 1 and len(last.tokens) < last.accepted + 1
+
+
+def test_stop_string_inside_draft(smol_target, self_draft):
+    toks = prompt_tokens(smol_target, "list")
+    free = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
+    stop = "\n5."
+    assert stop in free.text
+    alone = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8))
+    got = engine.run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
+    assert got.finish_reason == alone.finish_reason == "stop"
+    assert got.text == alone.text == free.text[: free.text.index(stop)]
+    assert got.tokens == alone.tokens
+    # The caches were cut back to the transcript: a second run reusing them says the same.
+    again = engine.run(toks, max_tokens=N, stop=[stop], reuse_cache=True)
+    assert again.tokens == got.tokens
+
+
+def test_max_tokens_mid_draft(smol_target, self_draft):
+    toks = prompt_tokens(smol_target, "code")
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=37, reuse_cache=False)
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8))
+    got = engine.run(toks, max_tokens=37, reuse_cache=False)
+    assert len(got.tokens) == 37 and got.finish_reason == "length"
+    assert got.tokens == want.tokens
+
+
+@pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
+def test_context_end(model_path, pair_name):
+    from conftest import GEMMA_DRAFT, GEMMA_TARGET, SMOL_DRAFT, SMOL_TARGET, THREADS
+    from specrun.runtime import LoadOptions, Model
+
+    names = {"smollm2": (SMOL_TARGET, SMOL_DRAFT), "gemma3": (GEMMA_TARGET, GEMMA_DRAFT)}[pair_name]
+    n_ctx = 96
+    with Model(model_path(names[0]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as target, \
+         Model(model_path(names[1]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as draft:
+        n_ctx = target.n_ctx  # llama.cpp may round the context up
+        toks = (target.tokenize(PROMPTS["list"], add_special=True) * 64)[: n_ctx - 24]
+        want = Engine(target, None, SpecConfig(mode="none")).run(toks, max_tokens=500, reuse_cache=False)
+        got = Engine(target, draft, SpecConfig(mode="draft", draft_max=8)).run(toks, max_tokens=500, reuse_cache=False)
+        assert got.finish_reason == want.finish_reason
+        assert got.tokens == want.tokens
+        if want.finish_reason == "length":
+            # The context is used to the last position: the final token is emitted unevaluated.
+            assert len(toks) + len(want.tokens) == n_ctx + 1

@@ -1,0 +1,190 @@
+"""Prompt lookup index, the persistent n-gram cache, and the auto controller's choices on
+synthetic costs and acceptance (no models)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specrun import costmodel
+from specrun.drafters import Proposal
+from specrun.lookup import NgramCache, NgramIndex, PromptLookup
+from specrun.policy import AutoPolicy
+from specrun.sampling import SamplingParams
+
+
+# -- NgramIndex --------------------------------------------------------------------------------
+def test_longest_match_wins():
+    idx = NgramIndex(1, 4)
+    #             0  1  2  3  4  5  6  7  8  9
+    idx.extend([5, 1, 2, 3, 9, 7, 2, 3, 8, 1, 2, 3])
+    # suffix 1 2 3 occurred at 1..3 (followed by 9); suffix 2 3 also at 6..7 (followed by 8)
+    n, j = idx.match()
+    assert n == 3 and idx.tokens[j] == 9
+    assert idx.propose(3) == ([9, 7, 2], 3)
+
+
+def test_most_recent_occurrence_wins():
+    idx = NgramIndex(1, 2)
+    idx.extend([4, 6, 0, 4, 7, 0, 4])
+    toks, n = idx.propose(1)
+    assert n == 2 and toks == [7]  # "0 4" last seen followed by 7, not by... the older "4 6"
+
+
+def test_no_match_proposes_nothing():
+    idx = NgramIndex(2, 3)
+    idx.extend([1, 2, 3, 4, 5])
+    assert idx.propose(4) == ([], 0)
+
+
+def test_incremental_equals_rebuilt():
+    rng = np.random.default_rng(0)
+    seq = rng.integers(0, 6, size=300).tolist()
+    inc = NgramIndex(1, 4)
+    for i in range(0, len(seq), 7):
+        inc.extend(seq[i:i + 7])
+        full = NgramIndex(1, 4)
+        full.extend(seq[: i + 7])
+        assert inc.match() == full.match()
+        assert inc._last == full._last
+
+
+def test_sync_rebuilds_on_a_different_history():
+    idx = NgramIndex(1, 2)
+    idx.sync([1, 2, 3, 1, 2], full_check=True)
+    assert idx.propose(2)[0] == [3, 1]
+    idx.sync([9, 9, 8], full_check=True)  # a new prompt: the old n-grams must be gone
+    assert idx.tokens == [9, 9, 8]
+    assert idx.propose(2) == ([], 0)
+
+
+def test_update_cost_does_not_grow_with_history():
+    # O(n_max) per token: the dict grows by at most n_max entries per appended token.
+    idx = NgramIndex(1, 4)
+    idx.extend(list(range(1000)))
+    before = len(idx._last)
+    idx.extend([5])
+    assert len(idx._last) - before <= 4
+
+
+def test_prompt_lookup_drafter_is_deterministic():
+    d = PromptLookup(1, 3)
+    toks = [3, 4, 5, 6, 3, 4]
+    d.prefill(toks)
+    prop = d.propose(toks, 2, SamplingParams(), np.random.default_rng(0), True)
+    assert prop.tokens == [5, 6] and prop.dists is None and d.last_match == 2
+
+
+# -- NgramCache --------------------------------------------------------------------------------
+def test_ngram_cache_persists_atomically(tmp_path):
+    path = tmp_path / "ngrams.json"
+    c = NgramCache(path, n=2)
+    c.add([1, 2, 3, 1, 2, 3, 1, 2, 4])
+    c.save()
+    assert not list(tmp_path.glob("*.tmp"))
+    again = NgramCache(path, n=2)
+    assert again.propose([7, 1, 2], 3, min_count=2) == [3, 1, 2]
+    data = json.loads(path.read_text())
+    assert data["version"] == 1 and data["n"] == 2
+
+
+def test_ngram_cache_rejects_a_corrupt_file(tmp_path):
+    from specrun.errors import SpecrunError
+
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(SpecrunError, match="unreadable"):
+        NgramCache(path, n=2)
+    assert path.read_text() == "{not json"  # never overwritten behind the user's back
+
+
+# -- cost model ------------------------------------------------------------------------------------
+def test_expected_tokens_geometric_closed_form():
+    a, k = 0.7, 5
+    assert costmodel.expected_tokens(costmodel.geometric(a, k), k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+
+
+def test_best_k_zero_when_nothing_pays():
+    v = costmodel.linear_verify_cost(0.1)
+    assert costmodel.best_k(costmodel.geometric(0.2, 8), 0.5, v, 8)[0] == 0
+
+
+def test_best_k_long_when_cheap_and_accepted():
+    v = costmodel.linear_verify_cost(0.05)
+    k, s = costmodel.best_k(costmodel.geometric(0.95, 8), 0.05, v, 8)
+    assert k == 8 and s > 3
+
+
+# -- AutoPolicy on synthetic drafters -------------------------------------------------------------
+class FakeDraftModel:
+    """Stands in for the draft model: proposes k tokens and reports a synthetic cost."""
+
+    name = "draft"
+
+    def __init__(self):
+        self.proposed = []
+
+    def prefill(self, tokens):
+        return 0
+
+    def propose(self, tokens, k, params, rng, greedy_draft):
+        self.proposed.append(k)
+        return Proposal([1] * k, None)
+
+    def rollback(self, valid_len):
+        pass
+
+    def reset(self):
+        pass
+
+
+def drive(policy, steps, accept_rate, draft_step_s, t1, slope, rng, lookup_tokens=None):
+    """Run the controller against a simulated target: verify time t1 * (1 + slope * (rows-1)),
+    each draft position accepted with probability accept_rate."""
+    ks = []
+    for _ in range(steps):
+        name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+        k = len(prop)
+        n_acc = 0
+        while n_acc < k and rng.random() < accept_rate:
+            n_acc += 1
+        verify_s = t1 * (1 + slope * k)
+        draft_s = draft_step_s * k if name == "draft" else 0.0
+        policy.observe(name, k, n_acc, draft_s, verify_s)
+        ks.append((name, k))
+    return ks
+
+
+def test_auto_chooses_plain_decoding_when_the_draft_is_too_slow():
+    rng = np.random.default_rng(1)
+    policy = AutoPolicy(8, None, FakeDraftModel())
+    ks = drive(policy, 400, accept_rate=0.6, draft_step_s=0.012, t1=0.016, slope=0.1, rng=rng)
+    tail = ks[200:]
+    drafted = [k for name, k in tail if name == "draft"]
+    # Only the occasional short probe: at most one step in 16 drafts.
+    assert len(drafted) <= len(tail) / 16 and all(k <= 2 for k in drafted)
+
+
+def test_auto_chooses_plain_decoding_when_acceptance_is_low():
+    rng = np.random.default_rng(2)
+    policy = AutoPolicy(8, None, FakeDraftModel())
+    ks = drive(policy, 400, accept_rate=0.1, draft_step_s=0.002, t1=0.016, slope=0.1, rng=rng)
+    assert sum(1 for name, _ in ks[200:] if name == "draft") <= 200 / 16
+
+
+def test_auto_drafts_long_when_acceptance_is_high_and_draft_cheap():
+    rng = np.random.default_rng(3)
+    policy = AutoPolicy(8, None, FakeDraftModel())
+    ks = drive(policy, 300, accept_rate=0.95, draft_step_s=0.001, t1=0.016, slope=0.05, rng=rng)
+    tail = [k for _, k in ks[150:]]
+    assert np.median(tail) >= 6
+
+
+def test_auto_finds_a_drafter_again_when_it_starts_paying():
+    rng = np.random.default_rng(4)
+    policy = AutoPolicy(8, None, FakeDraftModel())
+    drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    ks = drive(policy, 600, accept_rate=0.9, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    assert np.median([k for _, k in ks[-200:]]) >= 3
