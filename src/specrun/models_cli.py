@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,8 +28,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .errors import ModelError, RegistryError
-from .registry import Registry
+from .errors import IncompatiblePairError, ModelError, RegistryError, UsageError
+from .registry import Registry, ResolvedModel, UserEntry, update_user_registry
+
+if TYPE_CHECKING:
+    from .probe import ProbeSettings
+    from .runtime import Model
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -211,9 +217,295 @@ def path_cmd(
 @app.command()
 def check(
     names: Annotated[
-        list[str] | None, typer.Argument(help="Models to check (default: all present).")
+        list[str] | None,
+        typer.Argument(
+            help="Without --pair/-m: models (or pairs) whose files to verify; default: all present."
+        ),
     ] = None,
+    pair: Annotated[
+        str | None, typer.Option("--pair", help="Check that this pair can speculate, and probe it.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("-m", "--model", help="Target to check (a path, name or USER/REPO[:QUANT])."),
+    ] = None,
+    model_draft: Annotated[
+        str | None,
+        typer.Option(
+            "-md", "--model-draft", help="Draft to check against it (default: its pair's)."
+        ),
+    ] = None,
+    probe_run: Annotated[
+        bool,
+        typer.Option(
+            "--probe/--no-probe", help="Measure acceptance and speed (a compatible pair)."
+        ),
+    ] = True,
+    max_tokens: Annotated[
+        int, typer.Option("-n", "--max-tokens", help="Tokens per probe run.")
+    ] = 48,
+    draft_max: Annotated[
+        int,
+        typer.Option(
+            "--draft-max", help="Draft length while learning acceptance; the largest K considered."
+        ),
+    ] = 8,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Alternating (none, K) runs per prompt when measuring.")
+    ] = 1,
+    threads: Annotated[
+        int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
+    ] = None,
+    ngl: Annotated[
+        int, typer.Option("--ngl", help="Layers offloaded to the GPU, both models (-1 = all).")
+    ] = -1,
+    save: Annotated[
+        bool,
+        typer.Option(
+            "--save", help="Write the recommended draft_max into your models.toml (\\[pairs.NAME])."
+        ),
+    ] = False,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The pair's name for --save with -m/-md.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object for scripts.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
 ) -> None:
+    """Check a pair (--pair, or -m/-md): compatibility, then measured acceptance and speed-up;
+    exit 1 when incompatible. Without them: validate the registry files and verify present
+    models (GGUF header, sha256)."""
+    if pair is None and model is None:
+        if model_draft or save or name:
+            raise UsageError("-md, --save and --name need --pair NAME or -m TARGET")
+        _check_files(names)
+        return
+    if names:
+        raise UsageError(f"give either model names or --pair/-m, not both (got {names[0]!r})")
+    if pair is not None and model is not None:
+        raise UsageError("give either --pair or -m/--model, not both")
+    if save and not probe_run:
+        raise UsageError("--save writes the probe's recommendation: drop --no-probe")
+    if save and model is not None and not name:
+        raise UsageError("--save with -m/-md needs --name NAME for the pair")
+    if name and not save:
+        raise UsageError("--name goes with --save")
+    from .probe import ProbeSettings
+
+    settings = ProbeSettings(max_tokens=max_tokens, learn_k=draft_max, repeats=repeats)
+    settings.validate()
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+
+    reg = _load(verbose)
+    with PullDisplay() as show:
+        if pair is not None:
+            p = reg.pair(pair)
+            target = reg.resolve(p.target, show)
+            draft = reg.resolve(model_draft or p.draft, show)
+            pair_name: str | None = pair
+        else:
+            assert model is not None
+            target = reg.resolve(model, show)
+            if model_draft is None:
+                found = reg.pair_for_target(target.name) if target.entry is not None else None
+                if found is None:
+                    raise UsageError(
+                        f"{model} is the target of no registry pair: give the draft with -md"
+                    )
+                model_draft = found.draft
+            draft = reg.resolve(model_draft, show)
+            pair_name = name
+    out = check_pair(
+        target,
+        draft,
+        settings if probe_run else None,
+        threads=threads,
+        ngl=ngl,
+        verbose=verbose,
+        quiet=as_json,
+    )
+    out["saved"] = None
+    if save and out["recommended_draft_max"] is not None:
+        assert pair_name is not None
+        out["saved"] = save_pair(reg, pair_name, target, draft, out["recommended_draft_max"])
+    elif save and out["compatible"]:
+        print(
+            "specrun: not saved: drafting does not pay on this machine (best K = 0)",
+            file=sys.stderr,
+        )
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        con = _stdout()
+        print_check(con, out)
+        saved = out["saved"]
+        if saved:
+            con.print(
+                f"saved draft_max = {saved['draft_max']} as [pairs.{saved['pair']}] in {saved['file']}",
+                soft_wrap=True,
+            )
+    if not out["compatible"]:
+        n = len(out["problems"])
+        raise IncompatiblePairError(
+            f"{draft.name} cannot draft for {target.name} ({n} rule{'s' * (n != 1)} fail)"
+        )
+
+
+def check_pair(
+    target: ResolvedModel,
+    draft: ResolvedModel,
+    settings: ProbeSettings | None,
+    *,
+    threads: int | None = None,
+    ngl: int = -1,
+    verbose: bool = False,
+    quiet: bool = False,
+    target_model: Model | None = None,
+) -> dict[str, Any]:
+    """Load both models (small contexts: the probe needs little), list every failing rule, and
+    probe a compatible pair. ``target_model``: an already loaded target (a sweep loads it once)."""
+    from .gguf import validate_gguf
+    from .probe import compatibility, probe, recommended
+    from .runtime import LoadOptions, Model
+
+    n_ctx = 256 + (settings.max_tokens + settings.learn_k if settings else 0)
+    opts = LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx))
+    loaded: list[Model] = []
+    try:
+        with _spinner(not quiet, f"loading {target.name} and {draft.name}") as say:
+            t = target_model
+            if t is None:
+                validate_gguf(target.path)
+                t = Model(target.path, opts, verbose=verbose)
+                loaded.append(t)
+            validate_gguf(draft.path)
+            d = Model(draft.path, opts, verbose=verbose)
+            loaded.append(d)
+            problems = compatibility(t, d)
+            result = None
+            if not problems and settings is not None:
+                result = probe(t, d, settings, say=lambda msg: say(f"probing {draft.name}: {msg}"))
+    finally:
+        for m in loaded:
+            m.close()
+    return {
+        "target": _describe(target),
+        "draft": _describe(draft),
+        "compatible": not problems,
+        "problems": problems,
+        "probe": result.to_dict() if result is not None else None,
+        "recommended_draft_max": recommended(result),
+    }
+
+
+def _describe(r: ResolvedModel) -> dict[str, Any]:
+    try:
+        size: int | None = r.path.stat().st_size
+    except OSError:
+        size = None
+    return {"name": r.name, "path": str(r.path), "size": size}
+
+
+@contextmanager
+def _spinner(enabled: bool, text: str) -> Iterator[Callable[[str], None]]:
+    """A transient spinner on stderr while models load and the probe runs (terminal only)."""
+    con = Console(stderr=True)
+    if not (enabled and con.is_terminal):
+        yield lambda _msg: None
+        return
+    with con.status(text, spinner="dots") as st:
+        yield lambda msg: st.update(msg)
+
+
+def print_check(con: Console, out: dict[str, Any]) -> None:
+    """The verdict, every failing rule, and the probe's figures as a small table."""
+    t, d = out["target"]["name"], out["draft"]["name"]
+    if not out["compatible"]:
+        n = len(out["problems"])
+        con.print(
+            f"{d} cannot draft for {t}: incompatible ({n} rule{'s' * (n != 1)} fail)",
+            soft_wrap=True,
+        )
+        for p in out["problems"]:
+            con.print(f"  - {p}", soft_wrap=True, markup=False)
+        return
+    con.print(f"{d} can draft for {t}: compatible", soft_wrap=True)
+    pr = out["probe"]
+    if pr is None:
+        return
+    from .probe import summary_rows
+
+    table = Table(
+        title=f"probe: {pr['settings']['prompts']} prompts x {pr['settings']['max_tokens']} tokens, greedy",
+        title_justify="left",
+    )
+    table.add_column("figure")
+    table.add_column("value")
+    for k, v in summary_rows(pr):
+        table.add_row(k, v)
+    con.print(table)
+
+
+def save_pair(
+    reg: Registry,
+    pair_name: str,
+    target: ResolvedModel,
+    draft: ResolvedModel,
+    draft_max: int | None,
+) -> dict[str, Any]:
+    """Write ``[pairs.NAME]`` (target, draft, draft_max) into the user's models.toml, adding a
+    ``path`` (or ``hf``) model for a target or draft that is not a registry model yet."""
+    entries: list[UserEntry] = []
+    names = []
+    for role, r in (("target", target), ("draft", draft)):
+        mname, body = _model_ref(reg, r, f"{pair_name}-{role}")
+        if body is not None:
+            entries.append(("models", mname, body))
+        names.append(mname)
+    keys: dict[str, str | int] = {"target": names[0], "draft": names[1]}
+    if draft_max is not None:
+        keys["draft_max"] = draft_max
+    entries.append(("pairs", pair_name, keys))
+    written = update_user_registry(entries)
+    return {
+        "file": str(written),
+        "pair": pair_name,
+        "target": names[0],
+        "draft": names[1],
+        "draft_max": draft_max,
+        "models_added": [e[1] for e in entries if e[0] == "models"],
+    }
+
+
+def _model_ref(
+    reg: Registry, r: ResolvedModel, fallback: str
+) -> tuple[str, dict[str, str | int] | None]:
+    """The registry name for a resolved model, and the entry to add when it has none."""
+    if r.entry is not None and r.entry.name in reg.models:
+        return r.entry.name, None
+    if (
+        r.entry is not None and r.entry.source == "hf"
+    ):  # USER/REPO[:QUANT] typed on the command line
+        body: dict[str, str | int] = {"hf": r.entry.name}
+    else:
+        body = {"path": str(r.path.absolute())}
+    existing = reg.models.get(fallback)
+    if existing is not None:
+        same = (existing.source == "path" and existing.path == r.path.absolute()) or (
+            existing.source == "hf" and body.get("hf") == existing.name
+        )
+        if same:
+            return fallback, None
+        raise RegistryError(
+            f"the registry already has a model {fallback!r} ({existing.label}); "
+            "choose another --name"
+        )
+    return fallback, body
+
+
+def _check_files(names: list[str] | None) -> None:
     """Validate the registry files and verify present models (GGUF header, sha256)."""
     reg = _load()
     todo: list[str] = []

@@ -635,6 +635,89 @@ def _tqdm_bridge(progress: ProgressFn, desc: str) -> type:
     return _Bridge
 
 
+def _hf_resume_blob(
+    repo: str, filename: str, revision: str | None, progress: ProgressFn, desc: str
+) -> None:
+    """Put the file's blob into huggingface-hub's cache, continuing what an interrupted pull left.
+
+    huggingface_hub 2.x downloads into a process-unique ``.incomplete`` file and starts from byte 0
+    every time (it resumes only within one process), so an interrupted multi-GB pull started over.
+    Here one ``blobs/<etag>.specrun.incomplete`` per file is continued with an HTTP Range request
+    (under a lock), checked (size, and the sha256 where the etag is one, as for LFS files) and
+    renamed to ``blobs/<etag>``; ``hf_hub_download`` then finds the blob and only links it into
+    the snapshot. A file without etag or size, or a Xet one (hf_xet resumes by itself), is left
+    to ``hf_hub_download``.
+    """
+    from urllib.parse import urlsplit
+
+    from filelock import FileLock, Timeout
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, filename, revision=revision, endpoint=_hf_endpoint())
+    meta = get_hf_file_metadata(url)
+    etag, size = meta.etag, meta.size
+    if not etag or not size or meta.xet_file_data is not None or not re.fullmatch(r"[\w.-]+", etag):
+        return
+    folder = hf_cache_dir() / ("models--" + repo.replace("/", "--"))
+    blob = folder / "blobs" / etag
+    if blob.is_file():
+        return
+    part = blob.with_name(f"{etag}.specrun.incomplete")
+    lock_path = hf_cache_dir() / ".locks" / folder.name / f"{etag}.specrun.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0.2)
+    except Timeout:  # another pull of this file is running
+        progress(f"waiting for another pull of {filename}", 0, None)
+        lock.acquire()
+    try:
+        if blob.is_file():
+            return
+        headers = build_hf_headers()
+        location = meta.location or url
+        if urlsplit(location).hostname != urlsplit(url).hostname:
+            headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub
+        have = part.stat().st_size if part.is_file() else 0
+        if have > size:
+            have = 0
+        with open(part, "r+b" if part.is_file() else "wb") as f:
+            f.seek(have)
+            f.truncate()
+            bridge = _tqdm_bridge(progress, desc) if progress is not _noop else None
+            if bridge is None:
+                progress(desc, have, size)
+            http_get(
+                location,
+                f,
+                resume_size=have,
+                headers=headers,
+                expected_size=size,
+                displayed_filename=filename,
+                tqdm_class=bridge,
+            )
+            f.flush()
+            os.fsync(f.fileno())
+        got = part.stat().st_size
+        if got != size:
+            raise PullError(f"downloaded {got} bytes of {repo}/{filename}, expected {size}")
+        if re.fullmatch(r"[0-9a-f]{64}", etag):
+            actual = _sha256_file(part, progress, f"verifying {filename}")
+            if actual != etag:
+                part.unlink()
+                raise PullError(
+                    f"{repo}/{filename} arrived corrupt (sha256 {actual}, expected {etag}); "
+                    "nothing was saved, run the pull again"
+                )
+        os.replace(part, blob)
+        _fsync_dir(blob.parent)
+    finally:
+        lock.release()
+
+
 # --------------------------------------------------------------------------------------------
 # The registry
 
@@ -1104,6 +1187,8 @@ class Registry:
         else:
             progress(desc, 0, None)
         try:
+            if not force:
+                _hf_resume_blob(repo, filename, revision, progress, desc)
             return Path(hf_hub_download(**kwargs))
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -1241,3 +1326,136 @@ class Registry:
 
 def _norm_project(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
+
+
+# --------------------------------------------------------------------------------------------
+# Writing the user's registry (`models check --save`, `draft make --name`)
+
+UserEntry = tuple[str, str, dict[str, "str | int"]]  # (section, name, keys to set)
+
+
+def _toml_key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_value(name)
+
+
+def _toml_value(value: str | int) -> str:
+    import json
+
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"cannot write {value!r} into models.toml")
+    # A JSON string is a valid TOML basic string (same quotes, same escapes).
+    return str(value) if isinstance(value, int) else json.dumps(value, ensure_ascii=False)
+
+
+def _table_span(lines: list[str], section: str, name: str) -> tuple[int, int] | None:
+    """0-based [header, end) of the ``[section.name]`` table written as a header, if any."""
+    start = None
+    for i, raw in enumerate(lines):
+        s = raw.strip()
+        if not s.startswith("["):
+            continue
+        if start is not None:
+            return start, i
+        inner = s[1 : s.find("]")] if "]" in s and not s.startswith("[[") else ""
+        if re.sub(r"[\"'\s]", "", inner) == f"{section}.{name}":
+            start = i
+    return None if start is None else (start, len(lines))
+
+
+def edit_registry_text(text: str, entries: Iterable[UserEntry]) -> str:
+    """Set keys of ``[section.name]`` tables in models.toml text, keeping everything else.
+
+    A key already in the table is rewritten on its own line; a missing key is added after the
+    table's last line; a missing table is appended. Only single-line values are rewritten: the
+    caller re-parses the result (a table the user wrote another way then shows up as an error).
+    """
+    lines = text.splitlines()
+    for section, name, keys in entries:
+        span = _table_span(lines, section, name)
+        if span is None:
+            while lines and not lines[-1].strip():
+                lines.pop()
+            if lines:
+                lines.append("")
+            lines.append(f"[{section}.{_toml_key(name)}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+            continue
+        start, end = span
+        for key, value in keys.items():
+            new = f"{key} = {_toml_value(value)}"
+            pat = re.compile(rf"^(\s*)[\"']?{re.escape(key)}[\"']?\s*=")
+            hits = ((i, pat.match(lines[i])) for i in range(start + 1, end))
+            hit = next(((i, m) for i, m in hits if m), None)
+            if hit is not None:
+                lines[hit[0]] = hit[1].group(1) + new
+                continue
+            # after the table's last key, not after a comment that heads the next table
+            last = max(
+                (
+                    i
+                    for i in range(start, end)
+                    if lines[i].strip() and not lines[i].lstrip().startswith("#")
+                ),
+                default=start,
+            )
+            lines.insert(last + 1, new)
+            end += 1
+    return "\n".join(lines) + "\n"
+
+
+def update_user_registry(entries: list[UserEntry], path: Path | None = None) -> Path:
+    """Add or update entries in the user's models.toml, atomically; returns the file written.
+
+    Under a lock, so two writers do not lose each other's entries: read, edit (see
+    ``edit_registry_text``), load the result with the built-in registry under it, and only if
+    that succeeds put it in place with a rename. A symlinked models.toml is written through.
+    """
+    from filelock import FileLock
+
+    dest = path if path is not None else paths.user_registry_file()
+    if dest.is_symlink():
+        dest = dest.resolve()
+    if dest.exists() and not dest.is_file():
+        raise RegistryError(f"cannot write entries into {dest}: not a regular file")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(dest.with_name(f".{dest.name}.lock")))
+        lock.acquire(timeout=60)
+    except OSError as exc:
+        raise RegistryError(f"cannot write to {dest.parent}: {exc.strerror or exc}") from None
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    try:
+        old = (
+            dest.read_text(encoding="utf-8")
+            if dest.exists()
+            else (
+                "# specrun: your models and pairs; they add to the built-in registry and win on a "
+                "clash.\n"
+            )
+        )
+        new = edit_registry_text(old, entries)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(new)
+                f.flush()
+                os.fsync(f.fileno())
+            if dest.exists():
+                shutil.copymode(dest, tmp)
+        except OSError as exc:
+            raise RegistryError(f"cannot write to {dest.parent}: {exc.strerror or exc}") from None
+        try:
+            Registry.load(user=tmp)
+        except RegistryError as exc:
+            raise RegistryError(
+                f"not writing {dest}: the edit would not load ({str(exc).replace(str(tmp), str(dest))})"
+            ) from None
+        try:
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise RegistryError(f"cannot write {dest}: {exc.strerror or exc}") from None
+        _fsync_dir(dest.parent)
+        return dest
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        lock.release()

@@ -1,0 +1,342 @@
+"""Does a draft model pay for this target, on this machine? The measurements behind
+`specrun models check` and `specrun draft make`. No Typer and no printing here.
+
+The probe, on a few short built-in prompts, greedy:
+1. *learn*: the target alone (``mode="none"``: the one-row pass time t1) and the draft at a long
+   draft length (``mode="draft"``, K = 8): per-position acceptance, draft step seconds, and the
+   target's pass seconds by rows;
+2. *model*: c = draft step / t1, V(n) = 1 + s (n - 1) with s fitted to the measured pass times,
+   and the K that the cost model (costmodel.py) predicts fastest;
+3. *measure*: the recommended K against the target alone, alternating on every prompt; the
+   measured speed-up is the median of the paired ratios, so a neighbour's load that comes and
+   goes hits both sides of a pair alike.
+
+Greedy speculation must reproduce the target alone token for token: every draft run is compared
+with the target's own run on the same prompt (``identical``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import compat, costmodel
+from .engine import Engine, Result, SpecConfig
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .runtime import Model
+
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "List five facts about the Moon.",
+    "Explain in two sentences why the sky is blue.",
+)
+GREEDY = SamplingParams(temp=0.0)
+WARMUP_TOKENS = 8
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    max_tokens: int = 48  # per run
+    learn_k: int = 8  # draft length while learning acceptance; also the largest K considered
+    repeats: int = 1  # alternating (none, K) pairs per prompt in the measurement
+    prompts: tuple[str, ...] = PROMPTS
+
+    def validate(self) -> None:
+        from .errors import UsageError
+
+        if self.max_tokens < 8:
+            raise UsageError(f"the probe needs at least 8 tokens per run, got {self.max_tokens}")
+        if not 1 <= self.learn_k <= 32:
+            raise UsageError(f"--draft-max must be in [1, 32], got {self.learn_k}")
+        if self.repeats < 1:
+            raise UsageError(f"--repeats must be >= 1, got {self.repeats}")
+        if not self.prompts:
+            raise UsageError("the probe needs at least one prompt")
+
+
+@dataclass
+class Probe:
+    """What the probe measured and what the cost model makes of it (seconds unless noted)."""
+
+    acceptance: float  # accepted / drafted while learning (greedy, K = learn_k)
+    cum_acceptance: list[float]  # [i]: P(draft positions 0..i all accepted)
+    t1: float  # one-row target pass
+    verify_seconds: dict[int, float]  # rows -> mean target pass
+    draft_step: float  # one draft step
+    c: float  # draft step / t1
+    verify_slope: float  # V(n) = 1 + verify_slope * (n - 1)
+    best_k: int  # 0: drafting does not pay
+    predicted: float  # predicted speed-up at best_k
+    predicted_by_k: list[float]  # [K] for K = 0..learn_k
+    measured_k: int  # the K measured: best_k, or when that is 0 the best K >= 1 (to show the loss)
+    measured: float | None  # median paired speed-up at measured_k against the target alone
+    baseline_tps: float  # median tokens/s of the target alone
+    spec_tps: float | None  # median tokens/s at measured_k
+    identical: bool  # every greedy draft run said exactly what the target alone said
+    runs: int = 0
+    seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def v(self, n: int) -> float:
+        return 1.0 + self.verify_slope * (n - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verify_seconds"] = {str(k): v for k, v in self.verify_seconds.items()}
+        d["v_best"] = self.v(self.best_k + 1)
+        return _rounded(d)
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, 6 if abs(obj) < 0.01 else 4)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def compatibility(target: Model, draft: Model) -> list[str]:
+    """Every rule the pair breaks (llama.cpp's vocabulary rules plus rollback); empty when fine."""
+    # (compat.Facts declares plain attributes; VocabFacts is frozen: same reads, mypy disagrees)
+    out = compat.problems(
+        target.vocab_facts(),  # type: ignore[arg-type]
+        draft.vocab_facts(),  # type: ignore[arg-type]
+        target.token_text,
+        draft.token_text,
+    )
+    for role, m in (("target", target), ("draft", draft)):
+        if not m.can_truncate:
+            out.append(
+                f"the {role}'s KV cache cannot be rolled back (recurrent or hybrid model): "
+                "rejected draft tokens could not be undone"
+            )
+    return out
+
+
+def encode(model: Model, text: str) -> list[int]:
+    """A user message through the model's own chat template, or raw text when it has none."""
+    template = model.chat_template()
+    if not template:
+        return model.tokenize(text, add_special=True)
+    from .chat_template import render
+
+    def special(tok: int) -> str:
+        return model.token_text(tok).decode("utf-8", "replace") if tok >= 0 else ""
+
+    rendered = render(
+        template,
+        [{"role": "user", "content": text}],
+        bos_token=special(model.bos),
+        eos_token=special(model.eos),
+    )
+    toks = model.tokenize(rendered, add_special=True, parse_special=True)
+    if len(toks) >= 2 and toks[0] == toks[1] == model.bos:
+        toks = toks[1:]  # the template wrote BOS and the tokenizer added another
+    return toks
+
+
+def fit_verify_slope(t1: float, verify_seconds: dict[int, float], counts: dict[int, int]) -> float:
+    """Least-squares slope s of V(n) = 1 + s (n - 1) through the measured passes, V(1) = 1."""
+    num = den = 0.0
+    for rows, secs in verify_seconds.items():
+        if rows <= 1:
+            continue
+        w = counts.get(rows, 1)
+        x = rows - 1
+        num += w * x * (secs / t1 - 1.0)
+        den += w * x * x
+    return max(0.0, num / den) if den else 0.0
+
+
+@dataclass
+class _Tally:
+    """Per-run stats summed over the learning runs."""
+
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    verify_s: dict[int, float] = field(default_factory=dict)
+    verify_n: dict[int, int] = field(default_factory=dict)
+    draft_s: float = 0.0
+    draft_steps: int = 0
+
+    def add(self, r: Result) -> None:
+        st = r.stats
+        for lst, src in (
+            (self.drafted, st.per_position_drafted),
+            (self.accepted, st.per_position_accepted),
+        ):
+            lst.extend([0] * (len(src) - len(lst)))
+            for i, n in enumerate(src):
+                lst[i] += n
+        for rows, s in st.verify_seconds.items():
+            self.verify_s[rows] = self.verify_s.get(rows, 0.0) + s
+            self.verify_n[rows] = self.verify_n.get(rows, 0) + st.verify_counts[rows]
+        self.draft_s += st.draft_seconds
+        self.draft_steps += st.draft_steps
+
+    def mean_verify(self) -> dict[int, float]:
+        return {r: self.verify_s[r] / self.verify_n[r] for r in sorted(self.verify_n)}
+
+
+def probe(
+    target: Model,
+    draft: Model,
+    settings: ProbeSettings | None = None,
+    say: Say | None = None,
+) -> Probe:
+    """Measure the pair (which must be compatible) as the module docstring describes."""
+    s = settings or ProbeSettings()
+    s.validate()
+    tell = say or (lambda _msg: None)
+    t_start = time.perf_counter()
+    room = min(target.n_ctx, draft.n_ctx) - s.max_tokens - s.learn_k - 2
+    if room <= 8:
+        from .errors import UsageError
+
+        raise UsageError(f"a context of {target.n_ctx} tokens is too small for the probe")
+    prompts = [encode(target, p)[-room:] for p in s.prompts]
+
+    alone = Engine(target, None, SpecConfig(mode="none"))
+    learner = Engine(target, draft, SpecConfig(mode="draft", draft_max=s.learn_k))
+    runs = 0
+
+    def run(engine: Engine, toks: list[int], n: int = s.max_tokens) -> Result:
+        nonlocal runs
+        runs += 1
+        return engine.run(toks, max_tokens=n, params=GREEDY, reuse_cache=False)
+
+    # Page the weights in (mmap) before anything is timed.
+    tell("warming up")
+    run(alone, prompts[0], WARMUP_TOKENS)
+    run(learner, prompts[0], WARMUP_TOKENS)
+
+    base = _Tally()
+    learnt = _Tally()
+    identical = True
+    baseline: dict[int, list[int]] = {}
+    tps_none: list[float] = []
+    for i, toks in enumerate(prompts):
+        tell(f"learning acceptance ({i + 1}/{len(prompts)})")
+        r0 = run(alone, toks)
+        r1 = run(learner, toks)
+        base.add(r0)
+        learnt.add(r1)
+        baseline[i] = r0.tokens
+        tps_none.append(r0.stats.tokens_per_second)
+        identical &= r1.tokens == r0.tokens
+
+    t1 = base.mean_verify().get(1) or 0.0
+    if t1 <= 0:
+        raise RuntimeError("the target alone made no timed pass")  # pragma: no cover
+    cum = [a / d if d else 0.0 for a, d in zip(learnt.accepted, learnt.drafted, strict=True)]
+    cum += [0.0] * (s.learn_k - len(cum))
+    for i in range(1, len(cum)):  # position i cannot be accepted more often than i - 1
+        cum[i] = min(cum[i], cum[i - 1])
+    acceptance = _acceptance(learnt)
+    draft_step = learnt.draft_s / learnt.draft_steps if learnt.draft_steps else 0.0
+    c = draft_step / t1
+    slope = fit_verify_slope(t1, learnt.mean_verify(), learnt.verify_n)
+    vcost = costmodel.linear_verify_cost(slope)
+    by_k = [costmodel.predicted_speedup(cum, k, c, vcost) for k in range(s.learn_k + 1)]
+    best_k, predicted = costmodel.best_k(cum, c, vcost, s.learn_k)
+
+    # K = 0 is the target alone: then measure the best K >= 1, so the loss is seen, not assumed.
+    mk = best_k or max(range(1, s.learn_k + 1), key=lambda k: by_k[k])
+    measured = spec_tps = None
+    if mk > 0:
+        engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=mk))
+        ratios: list[float] = []
+        tps_k: list[float] = []
+        n = 0
+        for rep in range(s.repeats):
+            for i, toks in enumerate(prompts):
+                tell(
+                    f"measuring K={mk} against the target alone ({n + 1}/{s.repeats * len(prompts)})"
+                )
+                n += 1
+                first_alone = (i + rep) % 2 == 0  # alternate which side goes first
+                if first_alone:
+                    ra, rk = run(alone, toks), run(engine, toks)
+                else:
+                    rk, ra = run(engine, toks), run(alone, toks)
+                identical &= rk.tokens == ra.tokens == baseline[i]
+                tps_none.append(ra.stats.tokens_per_second)
+                tps_k.append(rk.stats.tokens_per_second)
+                if ra.stats.tokens_per_second > 0:
+                    ratios.append(rk.stats.tokens_per_second / ra.stats.tokens_per_second)
+        measured = statistics.median(ratios) if ratios else None
+        spec_tps = statistics.median(tps_k) if tps_k else None
+
+    return Probe(
+        acceptance=acceptance,
+        cum_acceptance=cum,
+        t1=t1,
+        verify_seconds=learnt.mean_verify() | {1: t1},
+        draft_step=draft_step,
+        c=c,
+        verify_slope=slope,
+        best_k=best_k,
+        predicted=predicted,
+        predicted_by_k=by_k,
+        measured_k=mk,
+        measured=measured,
+        baseline_tps=statistics.median(tps_none),
+        spec_tps=spec_tps,
+        identical=identical,
+        runs=runs,
+        seconds=time.perf_counter() - t_start,
+        settings={
+            "max_tokens": s.max_tokens,
+            "learn_k": s.learn_k,
+            "repeats": s.repeats,
+            "prompts": len(s.prompts),
+        },
+    )
+
+
+def _acceptance(t: _Tally) -> float:
+    """accepted / drafted over every verified draft token (the CONTRACT's acceptance_rate)."""
+    # position i of a pass is drafted once per pass that drafted it: the sums are the totals.
+    d = sum(t.drafted)
+    return sum(t.accepted) / d if d else 0.0
+
+
+def recommended(p: Probe | None) -> int | None:
+    """The draft_max to write into a pair: the best K, or None when drafting does not pay."""
+    return p.best_k if p is not None and p.best_k > 0 else None
+
+
+def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, value) lines for a small table, from ``Probe.to_dict()``."""
+    k = d["best_k"]
+    meas = "-" if d["measured"] is None else f"{d['measured']:.2f}x at K={d['measured_k']}"
+    if d["spec_tps"] is not None:
+        meas += f" (medians: {d['spec_tps']:.1f} vs {d['baseline_tps']:.1f} tok/s)"
+    mk = d["measured_k"]
+    return [
+        (f"acceptance (greedy, K={d['settings']['learn_k']})", f"{d['acceptance']:.1%}"),
+        ("per-position acceptance", " ".join(f"{a:.2f}" for a in d["cum_acceptance"])),
+        ("target pass t1", f"{d['t1'] * 1000:.2f} ms"),
+        ("draft step", f"{d['draft_step'] * 1000:.2f} ms (c = {d['c']:.2f})"),
+        ("verify cost V(n)", f"1 + {d['verify_slope']:.3f}(n-1); V({k + 1}) = {d['v_best']:.2f}"),
+        ("best K", str(k) if k else "0 (drafting does not pay here)"),
+        (
+            "predicted speed-up",
+            f"{d['predicted']:.2f}x"
+            + (f" (K={mk}: {d['predicted_by_k'][mk]:.2f}x)" if mk != k else ""),
+        ),
+        ("measured speed-up", meas),
+        (
+            "greedy output",
+            "identical to the target alone" if d["identical"] else "DIFFERENT (a bug)",
+        ),
+    ]
