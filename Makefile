@@ -50,5 +50,11 @@ lint: install
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy src/specrun
 
+# Sized to finish in under 10 minutes on 2 CPU cores for the default pair.
+bench: install
+	$(BIN)/specrun bench --pair $(PAIR) --suite builtin --limit 1 -n 96 --repeats 2 \
+	  --modes none,draft,lookup,hybrid,auto --draft-max 2,4,8 \
+	  --json bench/latest.json --md bench/latest.md --plot bench/latest.png
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

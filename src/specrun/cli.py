@@ -33,6 +33,9 @@ Mode = Annotated[str, typer.Option("--mode", help="auto|draft|lookup|hybrid|none
 DraftMax = Annotated[int | None, typer.Option("--draft-max", help="Longest draft (default: the pair's, else 4).", rich_help_panel="Speculation")]
 DraftMin = Annotated[int, typer.Option("--draft-min", help="Shortest draft worth verifying.", rich_help_panel="Speculation")]
 DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability falls below P.", rich_help_panel="Speculation")]
+LookupMin = Annotated[int, typer.Option("--lookup-min", help="Shortest n-gram prompt lookup matches.", rich_help_panel="Speculation")]
+LookupMax = Annotated[int, typer.Option("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", rich_help_panel="Speculation")]
+LookupCache = Annotated[str | None, typer.Option("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", rich_help_panel="Speculation")]
 Verify = Annotated[str, typer.Option("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", rich_help_panel="Speculation")]
 Ngl = Annotated[int, typer.Option("--ngl", help="Target layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
 NglDraft = Annotated[int, typer.Option("--ngl-draft", help="Draft layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
@@ -196,6 +199,8 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="Print the one-line summary on stderr even when it is not a terminal.")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="Then run the target alone on the same prompt and report the speed-up.")] = False,
+    live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).")] = None,
+    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
     pair: Pair = None,
     model: ModelOpt = None,
     model_draft: DraftOpt = None,
@@ -204,6 +209,9 @@ def generate(
     draft_min: DraftMin = 0,
     draft_p_min: DraftPMin = 0.0,
     verify: Verify = "rejection",
+    lookup_min: LookupMin = 1,
+    lookup_max: LookupMax = 4,
+    lookup_cache: LookupCache = None,
     ngl: Ngl = -1,
     ngl_draft: NglDraft = -1,
     ctx: Ctx = 4096,
@@ -226,7 +234,8 @@ def generate(
     if compare and n_completions > 1:
         raise UsageError("--compare works with one completion")
     opts = _model_options(pair=pair, model=model, model_draft=model_draft, mode=mode, draft_max=draft_max,
-                          draft_min=draft_min, draft_p_min=draft_p_min, verify=verify, ngl=ngl,
+                          draft_min=draft_min, draft_p_min=draft_p_min, verify=verify,
+                          lookup_min=lookup_min, lookup_max=lookup_max, lookup_cache=lookup_cache, ngl=ngl,
                           ngl_draft=ngl_draft, ctx=ctx, ctx_draft=ctx_draft, threads=threads,
                           threads_draft=threads_draft, verbose=verbose)
     params = _sampling(temp, top_k, top_p, min_p, seed)
@@ -238,7 +247,9 @@ def generate(
         engine.check_prompt(tokens)
         from dataclasses import replace
 
-        from .display import PlainStream, summary_line
+        from contextlib import nullcontext
+
+        from .display import make_sink, summary_line
         from .engine import Result
         from .loader import describe
 
@@ -246,20 +257,24 @@ def generate(
         results: list[Result] = []
         for i in range(n_completions):
             p_i = replace(params, seed=params.seed + i)
-            sink = None if as_json else PlainStream()
+            sink = None if as_json else make_sink(
+                live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
+                summary="full" if show_summary else "none", draft_max=engine.config.draft_max,
+                mode=engine.mode, piece=engine.target.piece)
             if n_completions > 1 and sink is not None and i > 0:
                 sys.stdout.write("\n\n")
             result = None
-            for ev in engine.generate(tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()):
-                if isinstance(ev, Result):
-                    result = ev
-                elif sink is not None:
-                    sink.step(ev)
-            assert result is not None
-            if sink is not None:
-                sink.finish(result)
+            with sink if sink is not None else nullcontext():  # the footer is erased on Ctrl-C too
+                for ev in engine.generate(tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()):
+                    if isinstance(ev, Result):
+                        result = ev
+                    elif sink is not None:
+                        sink.step(ev)
+                assert result is not None
+                if sink is not None:
+                    sink.finish(result)
             results.append(result)
-            if show_summary and not as_json:
+            if show_summary and not as_json and not (sink is not None and sink.prints_summary):
                 print(summary_line(result, engine.config.draft_max), file=sys.stderr)
 
         baseline = None
@@ -320,6 +335,15 @@ def _mount_subcommands() -> None:
     from .models_cli import app as models_app
 
     app.add_typer(models_app, name="models", help="List, pull, locate and remove registry models.")
+    from .chat_cli import register as register_chat
+
+    register_chat(app)
+    from .bench_cli import register as register_bench
+
+    register_bench(app)
+    from .draft_cli import register as register_draft
+
+    register_draft(app)
 
 
 _mounted = False

@@ -47,8 +47,16 @@ def init_backend(verbose: bool = False) -> None:
 def physical_cores() -> int:
     """Threads default: physical cores (llama.cpp's own rule), at least 1."""
     try:
+        cores: set[tuple[str, str]] = set()
+        phys = ""
         with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
-            cores = {line for line in fh if line.startswith("core id")}
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    phys = value.strip()
+                elif key == "core id":
+                    cores.add((phys, value.strip()))
         if cores:
             return max(1, min(len(cores), os.cpu_count() or 1))
     except OSError:

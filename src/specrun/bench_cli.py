@@ -1,0 +1,211 @@
+"""The `specrun bench` command: options in, bench.py's runner and report out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .cli import (
+    Ctx,
+    CtxDraft,
+    DraftMin,
+    DraftOpt,
+    DraftPMin,
+    MinP,
+    ModelOpt,
+    Ngl,
+    NglDraft,
+    Pair,
+    Seed,
+    Streams,
+    Temp,
+    Threads,
+    ThreadsDraft,
+    TopK,
+    TopP,
+    Verbose,
+    Verify,
+    _err_console,
+    _model_options,
+    _sampling,
+    chat_tokens,
+    load_engine,
+)
+from .errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="bench")(bench)
+
+
+def bench(
+    suite: Annotated[str, typer.Option("--suite", help="'builtin' or a Spec-Bench JSON-lines file (question_id, category, turns).")] = "builtin",
+    modes: Annotated[str, typer.Option("--modes", help="Comma list of modes to compare with the target alone (none always runs).", rich_help_panel="Speculation")] = "none,draft,lookup,auto",
+    draft_max: Annotated[str, typer.Option("--draft-max", help="K values to sweep, comma list.", rich_help_panel="Speculation")] = "2,4,8",
+    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate per run at most.")] = 128,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs per configuration and prompt (medians are reported).")] = 3,
+    limit: Annotated[int | None, typer.Option("--limit", help="The first N prompts of each category.")] = None,
+    categories: Annotated[str | None, typer.Option("--categories", help="Only these categories (comma list).")] = None,
+    all_turns: Annotated[bool, typer.Option("--all-turns", help="Every turn of multi-turn prompts (the next turn follows the baseline's reply).")] = False,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unmeasured run per configuration first.")] = True,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
+    md_out: Annotated[Path | None, typer.Option("--md", help="Write the table as Markdown to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="Draw speed-up vs K and per-position acceptance to FILE.png (needs matplotlib).", dir_okay=False, rich_help_panel="Output")] = None,
+    pair: Pair = None,
+    model: ModelOpt = None,
+    model_draft: DraftOpt = None,
+    draft_min: DraftMin = 0,
+    draft_p_min: DraftPMin = 0.0,
+    verify: Verify = "rejection",
+    ngl: Ngl = -1,
+    ngl_draft: NglDraft = -1,
+    ctx: Ctx = 4096,
+    ctx_draft: CtxDraft = None,
+    threads: Threads = None,
+    threads_draft: ThreadsDraft = None,
+    temp: Temp = 0.0,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    seed: Seed = None,
+    verbose: Verbose = False,
+) -> None:
+    """Baseline against speculation modes on a prompt suite: speed-up per category, acceptance,
+    and the cost model's prediction beside each measurement."""
+    from . import bench as B
+
+    streams = Streams.detect()
+    mode_list = B.parse_modes(modes)
+    ks = B.parse_ks(draft_max)
+    settings = B.BenchSettings(max_tokens=max_tokens, repeats=repeats,
+                               params=_sampling(temp, top_k, top_p, min_p, seed),
+                               all_turns=all_turns, warmup=warmup)
+    settings.validate()
+    where, prompts = B.load_suite(suite)
+    cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
+    prompts = B.select(prompts, limit, cats)
+    if plot_out is not None:
+        B.check_plot_available()
+    # The loader loads a draft model unless it is told the mode needs none.
+    opts = _model_options(pair=pair, model=model, model_draft=model_draft,
+                          mode="auto" if B.needs_draft_model(mode_list) else "none",
+                          draft_max=max(ks), draft_min=0, draft_p_min=draft_p_min,
+                          verify=verify, ngl=ngl, ngl_draft=ngl_draft, ctx=ctx,
+                          ctx_draft=ctx_draft, threads=threads, threads_draft=threads_draft,
+                          verbose=verbose)
+    err = _err_console()
+    loaded = load_engine(opts, streams)
+    try:
+        target = loaded.engine.target
+        draft = loaded.engine.draft_model.model if loaded.engine.draft_model is not None else None
+        engines, skipped = B.build_engines(target, draft, B.configs_for(mode_list, ks), ks,
+                                           draft_min=draft_min, draft_p_min=draft_p_min,
+                                           verify=verify)
+        for mode, reason in _group_skips(skipped).items():
+            print(f"specrun: skipping --mode {mode}: {reason}", file=sys.stderr)
+
+        template = target.chat_template()
+
+        def encode(messages: list[dict[str, str]]) -> list[int]:
+            if template:
+                return chat_tokens(target, template, messages)
+            text = "\n\n".join(m["content"] for m in messages)
+            return target.tokenize(text, add_special=True, parse_special=False)
+
+        total = B.count_runs(prompts, len(engines), settings)
+        result = _run_with_progress(B, engines, prompts, encode, settings, total, streams, err)
+        result.skipped = skipped
+        rows = B.summarize(result)
+
+        names = f"{loaded.plan.target.name}" + (f" + {loaded.plan.draft.name}" if draft is not None else "")
+        n_prompts = len({(r.prompt_id, r.turn) for r in result.runs})
+        title = (f"specrun bench: {names}; {where}, {n_prompts} prompts, -n {max_tokens}, "
+                 f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {temp:g}"
+                 + ("" if settings.params.greedy else f", seed {settings.params.seed}")
+                 + f"; {result.wall_seconds:.0f} s")
+        from rich.console import Console
+
+        out = Console(file=sys.stdout, highlight=False, width=None if streams.stdout_tty else 200)
+        out.print(B.rich_table(rows, result.columns, title=title))
+        sys.stdout.flush()
+
+        if json_out is not None or md_out is not None:
+            machine = B.machine_info(loaded.models)
+        if json_out is not None:
+            from .loader import describe
+
+            meta = {
+                "suite": where,
+                "settings": {"modes": mode_list, "draft_max": ks, "max_tokens": max_tokens,
+                             "repeats": repeats, "limit": limit, "categories": cats,
+                             "all_turns": all_turns, "warmup": warmup,
+                             "draft_min": draft_min, "draft_p_min": draft_p_min, "verify": verify,
+                             "ctx": ctx, "sampling": settings.params.as_dict()},
+                "models": {"target": describe(loaded.plan.target), "draft": describe(loaded.plan.draft)},
+                "machine": machine,
+            }
+            _write(json_out, json.dumps(B.to_json(result, rows, meta), indent=1, ensure_ascii=False) + "\n")
+        if md_out is not None:
+            header = (f"# {title}\n\n{machine['cpu']}, {machine['physical_cores']} cores, "
+                      f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}")
+            _write(md_out, B.markdown(rows, result.columns, header))
+        if plot_out is not None:
+            B.plot(rows, plot_out, title)
+            print(f"specrun: wrote {plot_out}", file=sys.stderr)
+        if result.interrupted:
+            raise KeyboardInterrupt
+    finally:
+        loaded.close()
+
+
+def _group_skips(skipped: list[Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for s in skipped:
+        out.setdefault(s.config.mode, s.reason)
+    return out
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    print(f"specrun: wrote {path}", file=sys.stderr)
+
+
+def _run_with_progress(B: Any, engines: Any, prompts: Any, encode: Any, settings: Any,
+                       total: int, streams: Streams, err: Any) -> Any:
+    """The runner under a Rich progress bar on stderr (a terminal only, as the contract says)."""
+    if not streams.stderr_tty:
+        return B.run_bench(engines, prompts, encode, settings,
+                           warn=lambda m: print(f"specrun: {m}", file=sys.stderr))
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("bench", total=total)
+        started = [False]
+
+        def tick(desc: str) -> None:
+            if started[0]:
+                bar.advance(task)
+            started[0] = True
+            bar.update(task, description=desc)
+
+        result = B.run_bench(engines, prompts, encode, settings, progress=tick,
+                             warn=lambda m: err.print(f"specrun: {m}"))
+        bar.update(task, completed=total)
+    return result
