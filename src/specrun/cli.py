@@ -361,7 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C so temp files are removed by the finally blocks on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     try:
-        app(args=args, standalone_mode=False, prog_name="specrun")
+        rc = app(args=args, standalone_mode=False, prog_name="specrun")
+        if rc == 130:  # click turned a Ctrl-C into Exit(130) and returned it
+            _flush_quietly()
+            sys.stderr.write("\nspecrun: interrupted\n")
+        if isinstance(rc, int):
+            return rc
     except SpecrunError as exc:
         if debug:
             raise
