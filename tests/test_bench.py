@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import THREADS
 
 from specrun import bench as B
 from specrun.cli import main
@@ -114,12 +113,14 @@ RUN_FIELDS = ("mode", "draft_max", "category", "prompt_id", "tokens_per_second",
 
 @pytest.mark.models
 def test_bench_short_real_run_writes_json_markdown_and_png(tmp_path, capsys):
+    # One thread: on a shared 2-core machine two OpenMP threads stall each other at every
+    # barrier when a core is taken (seen: 10x slower), and this test checks fields, not speed.
     suite = tmp_path / "one.jsonl"
     suite.write_text(json.dumps({"question_id": "c1", "category": "code", "turns": [
         "Write a Python function called factorial that returns the factorial of n."]}) + "\n")
     out_json, out_md, out_png = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "sub" / "b.png"
     rc = main(["bench", "--suite", str(suite), "--modes", "none,draft,bogus", "--draft-max", "2",
-               "-n", "24", "--repeats", "1", "--threads", str(THREADS), "--ctx", "512",
+               "-n", "24", "--repeats", "1", "--threads", "1", "--ctx", "512",
                "--json", str(out_json), "--md", str(out_md), "--plot", str(out_png)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
@@ -128,10 +129,11 @@ def test_bench_short_real_run_writes_json_markdown_and_png(tmp_path, capsys):
 
     data = json.loads(out_json.read_text())
     assert data["machine"]["cpu"] and data["machine"]["physical_cores"] >= 1
-    assert data["machine"]["threads"] == [THREADS, THREADS]
+    assert data["machine"]["threads"] == [1, 1]
     assert "AVX" in data["machine"]["llama_cpp_system_info"] or data["machine"]["llama_cpp_system_info"]
     assert data["machine"]["date"]
     assert [s["mode"] for s in data["skipped"]] == ["bogus"]
+    assert data["load_average_max"] is None or data["load_average_max"] >= 0
     runs = data["runs"]
     assert {(r["mode"], r["draft_max"]) for r in runs} == {("none", 0), ("draft", 2)}
     for r in runs:

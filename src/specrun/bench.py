@@ -326,6 +326,23 @@ class BenchResult:
     prompts_skipped: list[tuple[str, str]] = field(default_factory=list)
     interrupted: bool = False
     wall_seconds: float = 0.0
+    load_max: float | None = None  # highest 1-minute load average seen (other work skews timings)
+
+    def sample_load(self) -> None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # pragma: no cover - not on this platform
+            return
+        self.load_max = max(self.load_max or 0.0, load)
+
+    def busy_warning(self) -> str | None:
+        """A note when other processes competed for the CPU during the run: this bench's own
+        threads account for about one unit of load per core."""
+        cpus = os.cpu_count() or 1
+        if self.load_max is not None and self.load_max > 1.5 * cpus:
+            return (f"the machine was busy during the run (load average up to {self.load_max:.1f} "
+                    f"on {cpus} CPUs): timings and speed-ups are unreliable; rerun on an idle machine")
+        return None
 
 
 Encode = Callable[[list[dict[str, str]]], list[int]]
@@ -358,6 +375,7 @@ def run_bench(engines: Sequence[tuple[Config, Engine]], prompts: Sequence[Prompt
                 eng.run(first, max_tokens=min(settings.max_tokens, settings.warmup_tokens),
                         params=params, reuse_cache=False)
         for p in prompts:
+            result.sample_load()
             history: list[dict[str, str]] = []
             for turn, user in enumerate(p.turns if settings.all_turns else p.turns[:1], 1):
                 history.append({"role": "user", "content": user})
@@ -378,6 +396,7 @@ def run_bench(engines: Sequence[tuple[Config, Engine]], prompts: Sequence[Prompt
                 history.append({"role": "assistant", "content": reply})
     except KeyboardInterrupt:
         result.interrupted = True
+    result.sample_load()
     result.wall_seconds = time.perf_counter() - t_start
     return result
 
@@ -612,6 +631,8 @@ def to_json(result: BenchResult, rows: Sequence[Row], meta: dict[str, Any]) -> d
         "prompts_skipped": [{"prompt_id": q, "reason": why} for q, why in result.prompts_skipped],
         "interrupted": result.interrupted,
         "wall_seconds": round(result.wall_seconds, 2),
+        "load_average_max": _round(result.load_max, 2),
+        "warning": result.busy_warning(),
         "summary": [r.as_json() for r in rows],
         "runs": [r.as_json() for r in result.runs],
     }

@@ -132,6 +132,9 @@ def bench(
         out = Console(file=sys.stdout, highlight=False, width=None if streams.stdout_tty else 200)
         out.print(B.rich_table(rows, result.columns, title=title))
         sys.stdout.flush()
+        busy = result.busy_warning()
+        if busy:
+            print(f"specrun: warning: {busy}", file=sys.stderr)
 
         if json_out is not None or md_out is not None:
             machine = B.machine_info(loaded.models)
@@ -151,7 +154,8 @@ def bench(
             _write(json_out, json.dumps(B.to_json(result, rows, meta), indent=1, ensure_ascii=False) + "\n")
         if md_out is not None:
             header = (f"# {title}\n\n{machine['cpu']}, {machine['physical_cores']} cores, "
-                      f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}")
+                      f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}"
+                      + (f"\n\n**Warning:** {busy}." if busy else ""))
             _write(md_out, B.markdown(rows, result.columns, header))
         if plot_out is not None:
             B.plot(rows, plot_out, title)

@@ -386,12 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        # Usage errors from the option parser (click's, or the copy Typer vendors): its own
+        # message and exit code 2.
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show(file=sys.stderr)
-            return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+            return int(exc.exit_code)
+        if type(exc).__name__ == "Abort":
             sys.stderr.write("\nspecrun: interrupted\n")
             return 130
         if debug:
