@@ -59,7 +59,7 @@ def bench(
     model: ModelOpt = None,
     model_draft: DraftOpt = None,
     draft_min: DraftMin = 0,
-    draft_p_min: DraftPMin = 0.0,
+    draft_p_min: DraftPMin = 0.6,
     verify: Verify = "rejection",
     ngl: Ngl = -1,
     ngl_draft: NglDraft = -1,

@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         mode: Mode = "auto",
         draft_max: DraftMax = None,
         draft_min: DraftMin = 0,
-        draft_p_min: DraftPMin = 0.0,
+        draft_p_min: DraftPMin = 0.6,
         verify: Verify = "rejection",
         ngl: Ngl = -1,
         ngl_draft: NglDraft = -1,

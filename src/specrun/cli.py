@@ -32,7 +32,7 @@ DraftOpt = Annotated[str | None, typer.Option("-md", "--model-draft", help="Draf
 Mode = Annotated[str, typer.Option("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", rich_help_panel="Speculation")]
 DraftMax = Annotated[int | None, typer.Option("--draft-max", help="Longest draft (default: the pair's, else 4).", rich_help_panel="Speculation")]
 DraftMin = Annotated[int, typer.Option("--draft-min", help="Shortest draft worth verifying.", rich_help_panel="Speculation")]
-DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability falls below P.", rich_help_panel="Speculation")]
+DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never).", rich_help_panel="Speculation")]
 LookupMin = Annotated[int, typer.Option("--lookup-min", help="Shortest n-gram prompt lookup matches.", rich_help_panel="Speculation")]
 LookupMax = Annotated[int, typer.Option("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", rich_help_panel="Speculation")]
 LookupCache = Annotated[str | None, typer.Option("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", rich_help_panel="Speculation")]
@@ -207,7 +207,7 @@ def generate(
     mode: Mode = "auto",
     draft_max: DraftMax = None,
     draft_min: DraftMin = 0,
-    draft_p_min: DraftPMin = 0.0,
+    draft_p_min: DraftPMin = 0.6,
     verify: Verify = "rejection",
     lookup_min: LookupMin = 1,
     lookup_max: LookupMax = 4,
