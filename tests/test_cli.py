@@ -7,12 +7,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import SPECRUN
 
 pytestmark = pytest.mark.models

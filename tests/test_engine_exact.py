@@ -81,6 +81,7 @@ def test_baselines_are_long_enough(baselines):
 def self_draft(model_path):
     """The target's own weights as the draft: every greedy draft token is accepted."""
     from conftest import SMOL_TARGET, THREADS
+
     from specrun.runtime import LoadOptions, Model
 
     m = Model(model_path(SMOL_TARGET), LoadOptions(n_ctx=2048, n_threads=THREADS))
@@ -185,6 +186,7 @@ def test_max_tokens_mid_draft(smol_target, self_draft):
 @pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
 def test_context_end(model_path, pair_name):
     from conftest import GEMMA_DRAFT, GEMMA_TARGET, SMOL_DRAFT, SMOL_TARGET, THREADS
+
     from specrun.runtime import LoadOptions, Model
 
     names = {"smollm2": (SMOL_TARGET, SMOL_DRAFT), "gemma3": (GEMMA_TARGET, GEMMA_DRAFT)}[pair_name]

@@ -21,10 +21,11 @@ def _raise(message: str) -> None:
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> Any:
-    from jinja2 import TemplateSyntaxError, StrictUndefined  # noqa: F401
+    from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # As transformers' apply_chat_template: trimmed blocks, loop controls (break/continue).
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
@@ -41,7 +42,8 @@ def render(
     eos_token: str = "",
     add_generation_prompt: bool = True,
 ) -> str:
-    from jinja2.exceptions import SecurityError, TemplateError as JinjaError
+    from jinja2.exceptions import SecurityError
+    from jinja2.exceptions import TemplateError as JinjaError
 
     template = _compile(source)
     try:

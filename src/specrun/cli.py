@@ -136,7 +136,6 @@ def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str |
         if system:
             raise UsageError("--system needs the chat template (drop --raw)")
         return target.tokenize(text, add_special=True, parse_special=True), False
-    from .chat_template import render
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     return chat_tokens(target, template, messages), True
@@ -245,9 +244,8 @@ def generate(
         engine = loaded.engine
         tokens, _ = build_prompt_tokens(engine.target, text, chat, system)
         engine.check_prompt(tokens)
-        from dataclasses import replace
-
         from contextlib import nullcontext
+        from dataclasses import replace
 
         from .display import make_sink, summary_line
         from .engine import Result

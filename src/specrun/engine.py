@@ -17,8 +17,8 @@ import numpy as np
 
 from . import sampling as S
 from .drafters import EMPTY, DraftModel, Proposal
-from .policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
 from .errors import SpecrunError, UsageError
+from .policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
 from .runtime import Model
 from .stats import SpecStats
 from .textstream import TextStream

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import costmodel
 from . import sampling as S
-from .drafters import EMPTY, DraftModel, Drafter, Proposal
+from .drafters import EMPTY, Drafter, DraftModel, Proposal
 
 
 class Policy:
