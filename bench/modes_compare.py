@@ -40,6 +40,7 @@ PROMPTS = {
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 CONFIGS = [("none", None), ("draft", 4), ("lookup", 4), ("hybrid", 4), ("auto", 4)]
+P_MIN = 0.6  # the command line's default --draft-p-min
 
 
 def main() -> None:
@@ -48,6 +49,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--p-min", type=float, default=P_MIN, help="--draft-p-min for the draft model")
+    ap.add_argument("--prompts", help="comma list of prompt names (default: all)")
     a = ap.parse_args()
     reg = Registry.load()
     pair = reg.pair("smollm2-135m")
@@ -55,11 +58,13 @@ def main() -> None:
     draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads))
     engines = {
         (m, k): Engine(target, None if m in ("none", "lookup") else draft,
-                       SpecConfig(mode=m, draft_max=k or 4))
+                       SpecConfig(mode=m, draft_max=k or 4, draft_p_min=a.p_min))
         for m, k in CONFIGS
     }
     rows = []
-    for key, text in PROMPTS.items():
+    chosen = a.prompts.split(",") if a.prompts else list(PROMPTS)
+    for key in chosen:
+        text = PROMPTS[key]
         toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
         engines[("none", None)].run(toks, max_tokens=16, reuse_cache=False)  # warm-up
         runs: dict[tuple, list] = {c: [] for c in CONFIGS}
@@ -82,7 +87,7 @@ def main() -> None:
     print()
     print("| prompt | " + " | ".join(m for m, _ in CONFIGS) + " |")
     print("|---|" + "---:|" * len(CONFIGS))
-    for key in PROMPTS:
+    for key in chosen:
         cells = []
         for m, _ in CONFIGS:
             r = next(x for x in rows if x["prompt"] == key and x["mode"] == m)
