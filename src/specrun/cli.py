@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         # message and exit code 2.
         if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show(file=sys.stderr)
-            return int(exc.exit_code)
+            return int(getattr(exc, "exit_code", 2))
         if type(exc).__name__ == "Abort":
             sys.stderr.write("\nspecrun: interrupted\n")
             return 130

@@ -16,12 +16,18 @@ VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: 
 
 
 class Facts(Protocol):
-    vocab_type: int
-    n_vocab: int
-    add_bos: bool
-    add_eos: bool
-    bos: int
-    eos: int
+    @property
+    def vocab_type(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def add_eos(self) -> bool: ...
+    @property
+    def bos(self) -> int: ...
+    @property
+    def eos(self) -> int: ...
 
 
 def problems(

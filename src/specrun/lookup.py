@@ -131,8 +131,8 @@ class NgramCache:
         """Write atomically: a crash mid-save leaves the previous file intact."""
         if self.path is None:
             return
-        items = self.counts.items()
-        if len(self.counts) > self.max_entries:
+        items = list(self.counts.items())
+        if len(items) > self.max_entries:
             items = sorted(items, key=lambda kv: -sum(kv[1].values()))[: self.max_entries]
         data = {
             "version": self.VERSION,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -131,7 +132,7 @@ class Model:
         self.opts = opts
         self._model = None
         self._ctx = None
-        self._batch = None
+        self._batch: Any = None
 
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
