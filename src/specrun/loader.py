@@ -104,14 +104,11 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
         name = opts.pair or registry.default
         if not name:
             raise UsageError("no model given: use -m PATH_OR_NAME or --pair NAME")
-        if name in registry.pairs:
-            pair = registry.pair(name)
+        if opts.pair or name in registry.pairs:
+            pair = registry.pair(name)  # an unknown --pair raises here, with suggestions
             target = registry.resolve(pair.target, progress=progress)
             draft_spec = opts.model_draft or pair.draft
             pair_k = pair.draft_max
-        elif opts.pair:
-            pair = registry.pair(name)  # raises with suggestions
-            raise AssertionError("unreachable")
         else:  # the default names a single model
             target = registry.resolve(name, progress=progress)
             draft_spec, pair_k = opts.model_draft, None
