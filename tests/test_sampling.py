@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from specrun import sampling as S
 from specrun.sampling import (
     Dist,
     SamplingParams,
@@ -457,3 +458,27 @@ def test_sample_matches_probs():
         counts[t] = counts.get(t, 0) + 1
     stat, df, pval = check_emitted_like_p(d, counts)
     assert pval > ALPHA, f"chi2={stat:.1f} df={df} p={pval:.2e}"
+
+
+# -- the draft's stop rule, fast ---------------------------------------------------------------
+def test_top_prob_below_agrees_with_the_exact_softmax():
+    """top_prob_below (counts and a 16-nat window) answers as top_prob(...) < p_min does, on flat,
+    peaked and in-between logits over a real-sized vocabulary, away from a 1% band around p_min."""
+    rng = np.random.default_rng(7)
+    checked = 0
+    for trial in range(400):
+        n = int(rng.choice([1000, 49152, 262144]))
+        logits = (rng.standard_normal(n) * rng.uniform(0.5, 4)).astype(np.float32)
+        top = int(rng.integers(n))
+        logits[top] += np.float32(rng.uniform(0, 30))
+        for p_min in (0.05, 0.3, 0.6, 0.9, 0.99):
+            exact = S.top_prob(logits)
+            if abs(exact - p_min) < 0.01 * p_min:
+                continue
+            assert S.top_prob_below(logits, p_min) == (exact < p_min), (trial, n, p_min, exact)
+            checked += 1
+    assert checked > 1500
+    one_hot = np.full(49152, -1e9, dtype=np.float32)
+    one_hot[5] = 0.0
+    assert not S.top_prob_below(one_hot, 0.999) and S.top_prob_below(one_hot, 1.0)
+    assert not S.top_prob_below(np.zeros(10, np.float32), 0.0)

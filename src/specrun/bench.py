@@ -197,6 +197,7 @@ class Skipped:
 
 def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequence[int],
                   draft_min: int = 0, draft_p_min: float = 0.0, verify: str = "rejection",
+                  lookup_min: int = 1, lookup_max: int = 4,
                   ) -> tuple[list[tuple[Config, Engine]], list[Skipped]]:
     """One Engine per configuration over the same loaded models. A mode the engine refuses for
     this pair (unknown, needs a draft model that is not loaded, ...) is skipped with its reason."""
@@ -208,8 +209,9 @@ def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequen
             engines.append((cfg, Engine(target, None, spec)))
             continue
         try:
-            spec = SpecConfig(mode=cfg.mode, draft_max=cfg.draft_max, draft_min=draft_min,
-                              draft_p_min=draft_p_min, verify=verify)
+            spec = SpecConfig(mode=cfg.mode, draft_max=cfg.draft_max, draft_min=min(draft_min, cfg.draft_max),
+                              draft_p_min=draft_p_min, verify=verify, lookup_min=lookup_min,
+                              lookup_max=lookup_max)
             engines.append((cfg, Engine(target, draft, spec)))
         except SpecrunError as exc:
             skipped.append(Skipped(cfg, str(exc)))

@@ -4,44 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .cli import (
-    Ctx,
-    CtxDraft,
-    DraftMin,
-    DraftOpt,
-    DraftPMin,
-    MinP,
-    ModelOpt,
-    Ngl,
-    NglDraft,
-    Pair,
-    Seed,
-    Streams,
-    Temp,
-    Threads,
-    ThreadsDraft,
-    TopK,
-    TopP,
-    Verbose,
-    Verify,
-    _err_console,
-    _model_options,
-    _sampling,
-    chat_tokens,
-    load_engine,
-)
+from .cli import Streams, _err_console, chat_tokens, load_engine
 from .errors import UsageError
+from .options import model_options, sampling_options
 
 
 def register(app: typer.Typer) -> None:
     app.command(name="bench")(bench)
 
 
+@sampling_options()
+@model_options(exclude=("mode", "draft_max", "lookup_cache"))
 def bench(
     suite: Annotated[str, typer.Option("--suite", help="'builtin' or a Spec-Bench JSON-lines file (question_id, category, turns).")] = "builtin",
     modes: Annotated[str, typer.Option("--modes", help="Comma list of modes to compare with the target alone (none always runs).", rich_help_panel="Speculation")] = "none,draft,lookup,auto",
@@ -55,24 +34,8 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
     md_out: Annotated[Path | None, typer.Option("--md", help="Write the table as Markdown to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Draw speed-up vs K and per-position acceptance to FILE.png (needs matplotlib).", dir_okay=False, rich_help_panel="Output")] = None,
-    pair: Pair = None,
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
-    draft_min: DraftMin = 0,
-    draft_p_min: DraftPMin = 0.6,
-    verify: Verify = "rejection",
-    ngl: Ngl = -1,
-    ngl_draft: NglDraft = -1,
-    ctx: Ctx = 4096,
-    ctx_draft: CtxDraft = None,
-    threads: Threads = None,
-    threads_draft: ThreadsDraft = None,
-    temp: Temp = 0.0,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    seed: Seed = None,
-    verbose: Verbose = False,
+    opts: Any = None,
+    params: Any = None,
 ) -> None:
     """Baseline against speculation modes on a prompt suite: speed-up per category, acceptance,
     and the cost model's prediction beside each measurement."""
@@ -82,7 +45,7 @@ def bench(
     mode_list = B.parse_modes(modes)
     ks = B.parse_ks(draft_max)
     settings = B.BenchSettings(max_tokens=max_tokens, repeats=repeats,
-                               params=_sampling(temp, top_k, top_p, min_p, seed),
+                               params=params,
                                all_turns=all_turns, warmup=warmup)
     settings.validate()
     where, prompts = B.load_suite(suite)
@@ -91,20 +54,17 @@ def bench(
     if plot_out is not None:
         B.check_plot_available()
     # The loader loads a draft model unless it is told the mode needs none.
-    opts = _model_options(pair=pair, model=model, model_draft=model_draft,
-                          mode="auto" if B.needs_draft_model(mode_list) else "none",
-                          draft_max=max(ks), draft_min=0, draft_p_min=draft_p_min,
-                          verify=verify, ngl=ngl, ngl_draft=ngl_draft, ctx=ctx,
-                          ctx_draft=ctx_draft, threads=threads, threads_draft=threads_draft,
-                          verbose=verbose)
+    opts = replace(opts, mode="auto" if B.needs_draft_model(mode_list) else "none", draft_max=max(ks))
+    opts.validate()
     err = _err_console()
     loaded = load_engine(opts, streams)
     try:
         target = loaded.engine.target
         draft = loaded.engine.draft_model.model if loaded.engine.draft_model is not None else None
         engines, skipped = B.build_engines(target, draft, B.configs_for(mode_list, ks), ks,
-                                           draft_min=draft_min, draft_p_min=draft_p_min,
-                                           verify=verify)
+                                           draft_min=opts.draft_min, draft_p_min=opts.draft_p_min,
+                                           verify=opts.verify, lookup_min=opts.lookup_min,
+                                           lookup_max=opts.lookup_max)
         for mode, reason in _group_skips(skipped).items():
             print(f"specrun: skipping --mode {mode}: {reason}", file=sys.stderr)
 
@@ -124,7 +84,7 @@ def bench(
         names = f"{loaded.plan.target.name}" + (f" + {loaded.plan.draft.name}" if draft is not None else "")
         n_prompts = len({(r.prompt_id, r.turn) for r in result.runs})
         title = (f"specrun bench: {names}; {where}, {n_prompts} prompts, -n {max_tokens}, "
-                 f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {temp:g}"
+                 f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {params.temp:g}"
                  + ("" if settings.params.greedy else f", seed {settings.params.seed}")
                  + f"; {result.wall_seconds:.0f} s")
         from rich.console import Console
@@ -146,8 +106,9 @@ def bench(
                 "settings": {"modes": mode_list, "draft_max": ks, "max_tokens": max_tokens,
                              "repeats": repeats, "limit": limit, "categories": cats,
                              "all_turns": all_turns, "warmup": warmup,
-                             "draft_min": draft_min, "draft_p_min": draft_p_min, "verify": verify,
-                             "ctx": ctx, "sampling": settings.params.as_dict()},
+                             "draft_min": opts.draft_min, "draft_p_min": opts.draft_p_min,
+                             "verify": opts.verify, "lookup_min": opts.lookup_min,
+                             "lookup_max": opts.lookup_max, "ctx": opts.ctx, "sampling": settings.params.as_dict()},
                 "models": {"target": describe(loaded.plan.target), "draft": describe(loaded.plan.draft)},
                 "machine": machine,
             }

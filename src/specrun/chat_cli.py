@@ -11,33 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import (
-    Ctx,
-    CtxDraft,
-    DraftMax,
-    DraftMin,
-    DraftOpt,
-    DraftPMin,
-    MinP,
-    Mode,
-    ModelOpt,
-    Ngl,
-    NglDraft,
-    Pair,
-    Seed,
-    Streams,
-    Temp,
-    Threads,
-    ThreadsDraft,
-    TopK,
-    TopP,
-    Verbose,
-    Verify,
-    _model_options,
-    _sampling,
-    load_engine,
-)
+from .cli import Streams, load_engine
 from .errors import SpecrunError, UsageError
+from .options import model_options, sampling_options
 
 PROMPT = ">>> "
 CONT = "... "
@@ -92,6 +68,8 @@ def _save_history(rl: Any, path: Path | None) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @sampling_options(temp=0.8)
+    @model_options()
     def chat(
         system: Annotated[str | None, typer.Option("--system", help="System message.")] = None,
         max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens per reply at most.")] = 512,
@@ -99,26 +77,8 @@ def register(app: typer.Typer) -> None:
         color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
         stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr after each reply.")] = False,
         history: Annotated[Path | None, typer.Option("--history", help="Line history file (default: STATE_DIR/chat_history; '-' = none).")] = None,
-        pair: Pair = None,
-        model: ModelOpt = None,
-        model_draft: DraftOpt = None,
-        mode: Mode = "auto",
-        draft_max: DraftMax = None,
-        draft_min: DraftMin = 0,
-        draft_p_min: DraftPMin = 0.6,
-        verify: Verify = "rejection",
-        ngl: Ngl = -1,
-        ngl_draft: NglDraft = -1,
-        ctx: Ctx = 4096,
-        ctx_draft: CtxDraft = None,
-        threads: Threads = None,
-        threads_draft: ThreadsDraft = None,
-        temp: Temp = 0.8,
-        top_k: TopK = 40,
-        top_p: TopP = 0.95,
-        min_p: MinP = 0.05,
-        seed: Seed = None,
-        verbose: Verbose = False,
+        opts: Any = None,
+        params: Any = None,
     ) -> None:
         """Interactive chat with the target's template; each turn evaluates only its new tokens.
 
@@ -130,11 +90,6 @@ def register(app: typer.Typer) -> None:
         if max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
         streams = Streams.detect()
-        opts = _model_options(pair=pair, model=model, model_draft=model_draft, mode=mode, draft_max=draft_max,
-                              draft_min=draft_min, draft_p_min=draft_p_min, verify=verify, ngl=ngl,
-                              ngl_draft=ngl_draft, ctx=ctx, ctx_draft=ctx_draft, threads=threads,
-                              threads_draft=threads_draft, verbose=verbose)
-        params = _sampling(temp, top_k, top_p, min_p, seed)
         loaded = load_engine(opts, streams)
         try:
             _run(loaded, params, max_tokens, system, live, color, stats, streams,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import sys
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from .errors import SpecrunError, UsageError
+from .options import model_options, sampling_options
 
 app = typer.Typer(
     name="specrun",
@@ -24,32 +24,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-# -- shared model options (generate, chat, bench) -------------------------------------------
-Pair = Annotated[str | None, typer.Option("--pair", help="A pair from the registry (default: the registry's default).", rich_help_panel="Models")]
-ModelOpt = Annotated[str | None, typer.Option("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] on the hub.", rich_help_panel="Models")]
-DraftOpt = Annotated[str | None, typer.Option("-md", "--model-draft", help="Draft model (overrides the pair's draft).", rich_help_panel="Models")]
-Mode = Annotated[str, typer.Option("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", rich_help_panel="Speculation")]
-DraftMax = Annotated[int | None, typer.Option("--draft-max", help="Longest draft (default: the pair's, else 4).", rich_help_panel="Speculation")]
-DraftMin = Annotated[int, typer.Option("--draft-min", help="Shortest draft worth verifying.", rich_help_panel="Speculation")]
-DraftPMin = Annotated[float, typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never).", rich_help_panel="Speculation")]
-LookupMin = Annotated[int, typer.Option("--lookup-min", help="Shortest n-gram prompt lookup matches.", rich_help_panel="Speculation")]
-LookupMax = Annotated[int, typer.Option("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", rich_help_panel="Speculation")]
-LookupCache = Annotated[str | None, typer.Option("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", rich_help_panel="Speculation")]
-Verify = Annotated[str, typer.Option("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", rich_help_panel="Speculation")]
-Ngl = Annotated[int, typer.Option("--ngl", help="Target layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
-NglDraft = Annotated[int, typer.Option("--ngl-draft", help="Draft layers offloaded to the GPU (-1 = all).", rich_help_panel="Placement")]
-Ctx = Annotated[int, typer.Option("--ctx", "-c", help="Target context size in tokens.", rich_help_panel="Placement")]
-CtxDraft = Annotated[int | None, typer.Option("--ctx-draft", help="Draft context size (default: as the target's).", rich_help_panel="Placement")]
-Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads for the target (default: physical cores).", rich_help_panel="Placement")]
-ThreadsDraft = Annotated[int | None, typer.Option("--threads-draft", help="CPU threads for the draft (default: as --threads).", rich_help_panel="Placement")]
-Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")]
-TopK = Annotated[int, typer.Option("--top-k", help="Top-k (0 = off).", rich_help_panel="Sampling")]
-TopP = Annotated[float, typer.Option("--top-p", help="Top-p (1 = off).", rich_help_panel="Sampling")]
-MinP = Annotated[float, typer.Option("--min-p", help="Min-p (0 = off).", rich_help_panel="Sampling")]
-Seed = Annotated[int | None, typer.Option("--seed", "-s", help="Random seed (default: random, always reported).", rich_help_panel="Sampling")]
-Verbose = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log on stderr.")]
-
 
 @dataclass
 class Streams:
@@ -153,23 +127,6 @@ def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_
     return toks
 
 
-def _model_options(**kw: Any) -> Any:
-    from .loader import ModelOptions
-
-    opts = ModelOptions(**kw)
-    opts.validate()
-    return opts
-
-
-def _sampling(temp: float, top_k: int, top_p: float, min_p: float, seed: int | None) -> Any:
-    from .sampling import SamplingParams
-
-    params = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                            seed=secrets.randbits(31) if seed is None else seed)
-    params.validate()
-    return params
-
-
 def load_engine(opts: Any, streams: Streams) -> Any:
     """Resolve (pulling what is missing, with progress) and load, with a spinner on a terminal."""
     from . import loader
@@ -183,10 +140,12 @@ def load_engine(opts: Any, streams: Streams) -> Any:
         if progress is not None:
             progress.close()
     with _spinner(streams.stderr_tty, f"loading {plan.target.name}") as say:
-        return loader.load(plan, opts, status=say)
+        return loader.load(plan, opts, status=say, warn=lambda line: print(f"specrun: {line}", file=sys.stderr))
 
 
 @app.command()
+@sampling_options()
+@model_options()
 def generate(
     prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text.")] = None,
     prompt_file: Annotated[str | None, typer.Option("-p", "--prompt-file", help="Read the prompt from FILE (- = stdin).")] = None,
@@ -200,29 +159,8 @@ def generate(
     compare: Annotated[bool, typer.Option("--compare", help="Then run the target alone on the same prompt and report the speed-up.")] = False,
     live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).")] = None,
     color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
-    pair: Pair = None,
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
-    mode: Mode = "auto",
-    draft_max: DraftMax = None,
-    draft_min: DraftMin = 0,
-    draft_p_min: DraftPMin = 0.6,
-    verify: Verify = "rejection",
-    lookup_min: LookupMin = 1,
-    lookup_max: LookupMax = 4,
-    lookup_cache: LookupCache = None,
-    ngl: Ngl = -1,
-    ngl_draft: NglDraft = -1,
-    ctx: Ctx = 4096,
-    ctx_draft: CtxDraft = None,
-    threads: Threads = None,
-    threads_draft: ThreadsDraft = None,
-    temp: Temp = 0.0,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    seed: Seed = None,
-    verbose: Verbose = False,
+    opts: Any = None,
+    params: Any = None,
 ) -> None:
     """One completion, streamed to stdout (statistics go to stderr)."""
     streams = Streams.detect()
@@ -232,12 +170,6 @@ def generate(
         raise UsageError(f"--n-completions must be >= 1, got {n_completions}")
     if compare and n_completions > 1:
         raise UsageError("--compare works with one completion")
-    opts = _model_options(pair=pair, model=model, model_draft=model_draft, mode=mode, draft_max=draft_max,
-                          draft_min=draft_min, draft_p_min=draft_p_min, verify=verify,
-                          lookup_min=lookup_min, lookup_max=lookup_max, lookup_cache=lookup_cache, ngl=ngl,
-                          ngl_draft=ngl_draft, ctx=ctx, ctx_draft=ctx_draft, threads=threads,
-                          threads_draft=threads_draft, verbose=verbose)
-    params = _sampling(temp, top_k, top_p, min_p, seed)
     text = read_prompt(prompt, prompt_file)
     loaded = load_engine(opts, streams)
     try:
@@ -295,6 +227,9 @@ def generate(
                 "sampling": params.as_dict(),
                 "prompt_tokens": len(tokens),
                 "draft_max": engine.config.draft_max,
+                # What llama.cpp really took for each model (context size, threads, batch, flash
+                # attention, KV cache types, GPU layers, buffer sizes).
+                "runtime": {role: m.context_params() for role, m in zip(("target", "draft"), loaded.models, strict=False)},
             }
             if n_completions == 1:
                 obj = _result_json(results[0]) | obj
@@ -342,6 +277,9 @@ def _mount_subcommands() -> None:
     from .draft_cli import register as register_draft
 
     register_draft(app)
+    from .info_cli import register as register_info
+
+    register_info(app)
 
 
 _mounted = False

@@ -104,7 +104,7 @@ class DraftModel:
         while True:
             logits = m.logits(-1)
             if greedy_draft:
-                if self.p_min > 0.0 and S.top_prob(logits) < self.p_min:
+                if self.p_min > 0.0 and S.top_prob_below(logits, self.p_min):
                     break
                 tok = S.greedy(logits)
             else:

@@ -25,6 +25,7 @@ from .textstream import TextStream
 
 MODES = ("auto", "draft", "lookup", "hybrid", "none")
 VERIFY_RULES = ("rejection", "match")
+MAX_DRAFT = 64  # longest draft; the contexts keep MAX_DRAFT + 1 rows of logits
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class SpecConfig:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.draft_max < 1:
-            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max}")
+        if not 1 <= self.draft_max <= MAX_DRAFT:
+            raise UsageError(f"--draft-max must be 1 to {MAX_DRAFT}, got {self.draft_max}")
         if self.draft_min < 0 or self.draft_min > self.draft_max:
             raise UsageError(f"--draft-min must be in [0, --draft-max], got {self.draft_min}")
         if not 0.0 <= self.draft_p_min <= 1.0:

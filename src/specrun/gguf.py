@@ -188,6 +188,8 @@ class GGUFInfo:
     # Absolute file offset of the tensor data section; -1 when check_tensors=False.
     tensor_data_offset: int
     file_size: int
+    # Bytes of the repeating layers' matrices (blk.*, 2-D) per ggml type name (with check_tensors).
+    layer_bytes_by_type: dict[str, int] = field(default_factory=dict, hash=False)
 
     def get(self, key: str, default: object = None) -> object:
         return self.metadata.get(key, default)
@@ -649,6 +651,8 @@ def _validate(
 
     _check_llama_hparams(r, metadata)
 
+    by_type: dict[str, int] = {}
+
     def result(tensor_data_offset: int) -> GGUFInfo:
         arch = metadata.get("general.architecture")
         name = metadata.get("general.name")
@@ -663,6 +667,7 @@ def _validate(
             alignment=alignment,
             tensor_data_offset=tensor_data_offset,
             file_size=size,
+            layer_bytes_by_type=by_type,
         )
 
     if not check_tensors:
@@ -724,6 +729,8 @@ def _validate(
                 f"not a multiple of the block size {blck}"
             )
         nbytes = nelements // blck * tsize
+        if name.startswith("blk.") and n_dims == 2:
+            by_type[tname] = by_type.get(tname, 0) + nbytes
         offset = r.u64(f"data offset of tensor {name!r}")
         tensors.append((name, nbytes, offset))
 

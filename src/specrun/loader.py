@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .engine import Engine, SpecConfig
+from .engine import MAX_DRAFT, Engine, SpecConfig
 from .errors import IncompatiblePairError, ModelError, UsageError
 from .registry import ProgressFn, Registry, ResolvedModel
 
 DEFAULT_CTX = 4096
 DEFAULT_DRAFT_MAX = 4
+MAX_CTX = (1 << 31) - 1  # llama.cpp's n_ctx is a uint32
 
 
 @dataclass
@@ -37,16 +39,22 @@ class ModelOptions:
     threads: int | None = None
     threads_draft: int | None = None
     batch: int = 512
-    flash_attn: bool | None = None
+    flash_attn: str = "auto"  # on|off|auto
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    cache_type_k_draft: str | None = None  # None: as the target's
+    cache_type_v_draft: str | None = None
+    mem_check: bool = True
     verbose: bool = False
 
+    @property
+    def flash_attn_flag(self) -> bool | None:
+        return {"on": True, "off": False}.get(self.flash_attn.lower())
+
     def validate(self) -> None:
-        if self.draft_max is not None and self.draft_max < 1:
-            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max}")
-        if self.ctx < 16:
-            raise UsageError(f"--ctx must be >= 16, got {self.ctx}")
-        if self.ctx_draft is not None and self.ctx_draft < 16:
-            raise UsageError(f"--ctx-draft must be >= 16, got {self.ctx_draft}")
+        for flag, c in (("--ctx", self.ctx), ("--ctx-draft", self.ctx_draft)):
+            if c is not None and not 16 <= c <= MAX_CTX:
+                raise UsageError(f"{flag} must be 16 to {MAX_CTX}, got {c}")
         for flag, v in (("--threads", self.threads), ("--threads-draft", self.threads_draft)):
             if v is not None and v < 1:
                 raise UsageError(f"{flag} must be >= 1, got {v}")
@@ -55,12 +63,46 @@ class ModelOptions:
                 raise UsageError(f"{flag} must be >= -1 (-1 = all layers), got {v}")
         if self.batch < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch}")
+        if self.flash_attn.lower() not in ("on", "off", "auto"):
+            raise UsageError(f"--flash-attn must be on, off or auto, got {self.flash_attn!r}")
+        from .memory import CACHE_TYPES, cache_type_id
+
+        types: list[tuple[str, str | None]] = [
+            ("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v),
+            ("--cache-type-k-draft", self.cache_type_k_draft), ("--cache-type-v-draft", self.cache_type_v_draft),
+        ]
+        for flag, name in types:
+            if name is not None:
+                cache_type_id(name, flag)
+        if self.flash_attn.lower() == "off":
+            for flag, name in (types[1], types[3]):
+                if name is not None and CACHE_TYPES[name.lower()][2] > 1:
+                    raise UsageError(f"{flag} {name} needs flash attention: drop --flash-attn off or use f16")
         self.spec_config(DEFAULT_DRAFT_MAX).validate()
+
+    def load_options(self, draft: bool) -> Any:
+        """llama.cpp's parameters for the target (or the draft): what runtime.Model is given."""
+        from .memory import cache_type_id
+        from .runtime import LoadOptions
+
+        ctx = (self.ctx_draft or self.ctx) if draft else self.ctx
+        type_k = (self.cache_type_k_draft or self.cache_type_k) if draft else self.cache_type_k
+        type_v = (self.cache_type_v_draft or self.cache_type_v) if draft else self.cache_type_v
+        return LoadOptions(
+            n_ctx=ctx,
+            n_gpu_layers=self.ngl_draft if draft else self.ngl,
+            n_threads=(self.threads_draft or self.threads) if draft else self.threads,
+            n_batch=min(self.batch, ctx),
+            flash_attn=self.flash_attn_flag,
+            type_k=cache_type_id(type_k, "--cache-type-k"),
+            type_v=cache_type_id(type_v, "--cache-type-v"),
+            n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
+        )
 
     def spec_config(self, pair_draft_max: int | None) -> SpecConfig:
         return SpecConfig(
             mode=self.mode,
-            draft_max=self.draft_max or pair_draft_max or DEFAULT_DRAFT_MAX,
+            draft_max=self.draft_max if self.draft_max is not None else (pair_draft_max or DEFAULT_DRAFT_MAX),
             draft_min=self.draft_min,
             draft_p_min=self.draft_p_min,
             verify=self.verify,
@@ -90,13 +132,14 @@ class Loaded:
             m.close()
 
 
-def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None) -> Plan:
-    """Resolve -m/-md/--pair to local files (pulling registry models that are missing)."""
+def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None, pull: bool = True) -> Plan:
+    """Resolve -m/-md/--pair to local files (pulling registry models that are missing, unless
+    ``pull`` is False: then a missing model is an error)."""
     uses_draft = opts.mode not in ("none", "lookup")
     if opts.pair and opts.model:
         raise UsageError("give either --pair or -m/--model, not both")
     if opts.model:
-        target = registry.resolve(opts.model, progress=progress)
+        target = registry.resolve(opts.model, progress=progress, pull=pull)
         pair = registry.pair_for_target(target.name) if target.entry is not None else None
         draft_spec = opts.model_draft or (pair.draft if pair else None)
         pair_k = pair.draft_max if pair and not opts.model_draft else None
@@ -106,55 +149,79 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
             raise UsageError("no model given: use -m PATH_OR_NAME or --pair NAME")
         if opts.pair or name in registry.pairs:
             pair = registry.pair(name)  # an unknown --pair raises here, with suggestions
-            target = registry.resolve(pair.target, progress=progress)
+            target = registry.resolve(pair.target, progress=progress, pull=pull)
             draft_spec = opts.model_draft or pair.draft
             pair_k = pair.draft_max
         else:  # the default names a single model
-            target = registry.resolve(name, progress=progress)
+            target = registry.resolve(name, progress=progress, pull=pull)
             draft_spec, pair_k = opts.model_draft, None
-    draft = registry.resolve(draft_spec, progress=progress) if draft_spec and uses_draft else None
+    draft = registry.resolve(draft_spec, progress=progress, pull=pull) if draft_spec and uses_draft else None
     return Plan(target=target, draft=draft, pair_draft_max=pair_k)
 
 
-def _prevalidate(path: Path) -> None:
+def _prevalidate(path: Path) -> Any:
     from .gguf import validate_gguf
 
-    validate_gguf(path)
+    return validate_gguf(path)
+
+
+def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> tuple[list[Any], list[str]]:
+    """The memory each model of the plan will take where, decided before loading (or refused)."""
+    from . import memory
+    from .runtime import gpu_free_memory
+
+    items = []
+    for i, r in enumerate(filter(None, (p.target, p.draft))):
+        info = infos[i] if infos else _prevalidate(r.path)
+        is_draft = i == 1
+        lo = opts.load_options(is_draft)
+        type_k = (opts.cache_type_k_draft or opts.cache_type_k) if is_draft else opts.cache_type_k
+        type_v = (opts.cache_type_v_draft or opts.cache_type_v) if is_draft else opts.cache_type_v
+        placement = memory.Placement(
+            n_ctx=lo.n_ctx, n_ubatch=lo.n_batch, type_k=type_k.lower(), type_v=type_v.lower(),
+            flash_attn=bool(lo.flash_attn) or memory.CACHE_TYPES[type_v.lower()][2] > 1,
+            n_outputs=lo.n_outputs_max or lo.n_batch,
+        )
+        ngl = opts.ngl_draft if is_draft else opts.ngl
+        flag = "--ngl-draft" if is_draft else "--ngl"
+        items.append((r.name, memory.ModelShape.from_gguf(info), placement, ngl, flag))
+    return memory.plan_memory(items, memory.host_memory(), gpu_free_memory(), check=opts.mem_check)
 
 
 def load(
     p: Plan,
     opts: ModelOptions,
     status: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Loaded:
-    """Validate and load both models, check that they can speculate together, build the Engine."""
+    """Validate, check the memory, load both models, check that they can speculate together,
+    build the Engine. ``warn`` gets the memory notes (stderr lines)."""
+    from dataclasses import replace
+
     from . import compat
-    from .runtime import LoadOptions, Model
+    from .runtime import Model, supports_gpu_offload
 
     say = status or (lambda _msg: None)
     models: list[Model] = []
     try:
-        for r in filter(None, (p.target, p.draft)):
-            _prevalidate(r.path)
+        infos = [_prevalidate(r.path) for r in filter(None, (p.target, p.draft))]
+        planned, notes = memory_plan(p, opts, infos)
+        for line in notes:
+            (warn or (lambda _m: None))(line)
+
+        def load_opts(i: int) -> Any:
+            lo = opts.load_options(i == 1)
+            if supports_gpu_offload() and opts.mem_check:
+                lo = replace(lo, n_gpu_layers=planned[i].placement.n_gpu_layers)
+            return lo
+
         say(f"loading {p.target.name}")
-        target = Model(
-            p.target.path,
-            LoadOptions(n_ctx=opts.ctx, n_gpu_layers=opts.ngl, n_threads=opts.threads,
-                        n_batch=min(opts.batch, opts.ctx), flash_attn=opts.flash_attn),
-            verbose=opts.verbose,
-        )
+        target = Model(p.target.path, load_opts(0), verbose=opts.verbose)
         models.append(target)
         draft = None
         if p.draft is not None:
             say(f"loading {p.draft.name}")
-            ctx_d = opts.ctx_draft or opts.ctx
-            draft = Model(
-                p.draft.path,
-                LoadOptions(n_ctx=ctx_d, n_gpu_layers=opts.ngl_draft,
-                            n_threads=opts.threads_draft or opts.threads,
-                            n_batch=min(opts.batch, ctx_d), flash_attn=opts.flash_attn),
-                verbose=opts.verbose,
-            )
+            draft = Model(p.draft.path, load_opts(1), verbose=opts.verbose)
             models.append(draft)
             bad = compat.problems(target.vocab_facts(), draft.vocab_facts(), target.token_text, draft.token_text)
             if bad:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -24,14 +25,49 @@ from .errors import ModelError, SpecrunError
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_verbose = False
+_log_capture: list[str] | None = None  # llama.cpp's log lines while a model loads
 
 
 @ll.llama_log_callback
 def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover
+    line = text.decode("utf-8", errors="replace")
+    if _log_capture is not None:
+        _log_capture.append(line)
     if _log_verbose:
         import sys
 
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.write(line)
+
+
+def _parse_load_log(lines: list[str]) -> dict[str, Any]:
+    """What llama.cpp says it allocated and decided while loading (its INFO log)."""
+    out: dict[str, Any] = {}
+    mib: dict[str, float] = {}
+    for line in "".join(lines).splitlines():
+        m = re.search(r"(\S+)\s+(model|KV|output|compute) buffer size\s*=\s*([\d.]+) MiB", line)
+        if m:
+            key = m.group(2).lower()
+            mib[key] = mib.get(key, 0.0) + float(m.group(3))
+            if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64") and "Host" not in m.group(1):
+                mib[key + "_device"] = mib.get(key + "_device", 0.0) + float(m.group(3))
+            continue
+        m = re.search(r"K \((\w+)\):.*V \((\w+)\):", line)
+        if m:
+            out["type_k"], out["type_v"] = m.group(1), m.group(2)
+            continue
+        m = re.search(r"flash_attn\s*=\s*(\w+)", line)
+        if m:
+            out["flash_attn"] = m.group(1)
+            continue
+        m = re.search(r"offloaded (\d+)/(\d+) layers to GPU", line)
+        if m:
+            out["gpu_layers"] = int(m.group(1))
+        if re.search(r"enabling flash_attn|Flash Attention was auto, set to enabled", line):
+            out["flash_attn_resolved"] = "enabled"
+        elif "Flash Attention was auto, set to disabled" in line:
+            out["flash_attn_resolved"] = "disabled"
+    out["buffers_mib"] = mib
+    return out
 
 
 def init_backend(verbose: bool = False) -> None:
@@ -69,9 +105,72 @@ def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
+def supports_mmap() -> bool:
+    return bool(ll.llama_supports_mmap())
+
+
+def supports_mlock() -> bool:
+    return bool(ll.llama_supports_mlock())
+
+
 def system_info() -> str:
     init_backend()
     return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+@dataclass(frozen=True)
+class Device:
+    """A ggml backend device (the CPU, a GPU, an accelerator) and its memory."""
+
+    name: str
+    description: str
+    kind: str  # cpu | gpu | igpu | accel | meta
+    free: int
+    total: int
+
+
+_DEV_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+def devices() -> list[Device]:
+    """The devices llama.cpp's backends registered (ggml_backend_dev_*, in libggml-base)."""
+    init_backend()
+    lib = ll.llama_cpp._lib
+    try:
+        count, get = lib.ggml_backend_dev_count, lib.ggml_backend_dev_get
+        name, desc = lib.ggml_backend_dev_name, lib.ggml_backend_dev_description
+        kind, memory = lib.ggml_backend_dev_type, lib.ggml_backend_dev_memory
+    except AttributeError:  # pragma: no cover - a build that does not export them
+        return []
+    count.restype, count.argtypes = ctypes.c_size_t, []
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    for f in (name, desc):
+        f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    memory.restype = None
+    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    out = []
+    for i in range(int(count())):
+        dev = get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(dev, ctypes.byref(free), ctypes.byref(total))
+        k = int(kind(dev))
+        out.append(Device(
+            name=(name(dev) or b"").decode("utf-8", "replace"),
+            description=(desc(dev) or b"").decode("utf-8", "replace"),
+            kind=_DEV_KINDS[k] if 0 <= k < len(_DEV_KINDS) else str(k),
+            free=int(free.value),
+            total=int(total.value),
+        ))
+    return out
+
+
+def gpu_free_memory() -> int | None:
+    """Free bytes over the GPUs llama.cpp can offload to; None when this build cannot offload."""
+    if not supports_gpu_offload():
+        return None
+    gpus = [d for d in devices() if d.kind in ("gpu", "igpu")]
+    return sum(d.free for d in gpus) if gpus else None
 
 
 @dataclass(frozen=True)
@@ -84,6 +183,8 @@ class LoadOptions:
     flash_attn: bool | None = None  # None = llama.cpp's auto
     type_k: int | None = None
     type_v: int | None = None
+    vocab_only: bool = False  # the vocabulary alone: no weights, no context (fast; facts only)
+    n_outputs_max: int = 0  # most rows of logits in one decode (0 = n_batch, llama.cpp's default)
     check_tensors: bool = False
 
 
@@ -126,6 +227,28 @@ def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> No
 class Model:
     """A loaded GGUF with one context and one preallocated batch."""
 
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int
+    n_batch: int
+    n_threads: int
+    n_outputs_max: int
+    llama_seconds: float  # wall time spent inside llama_decode, cumulative
+    can_truncate: bool
+    load_report: dict[str, Any]
+    _vocab: Any
+    _mem: Any
+    _piece_buf: Any
+    _pieces: dict[int, bytes]
+    _b_token: np.ndarray
+    _b_pos: np.ndarray
+    _b_nseq: np.ndarray
+    _b_logits: np.ndarray
+    _n_rows: int
+    _out: np.ndarray | None
+    _out_first: int
+    _out_types: dict[int, Any]
+
     def __init__(self, path: str | os.PathLike[str], opts: LoadOptions, verbose: bool = False):
         init_backend(verbose)
         self.path = Path(path)
@@ -137,13 +260,31 @@ class Model:
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers
         mparams.check_tensors = opts.check_tensors
+        mparams.vocab_only = opts.vocab_only
+        global _log_capture
         t0 = time.perf_counter()
+        _log_capture = []
+        try:
+            self._load(mparams, opts)
+        finally:
+            self.load_report = _parse_load_log(_log_capture)
+            _log_capture = None
+        self.load_seconds = time.perf_counter() - t0
+
+    def _load(self, mparams: Any, opts: LoadOptions) -> None:
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path} (run with --verbose for its log)")
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(ll.llama_model_n_ctx_train(self._model))
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        if opts.vocab_only:
+            self.n_ctx, self.n_batch, self.n_threads, self.n_outputs_max = 0, 0, 0, 0
+            self.llama_seconds = 0.0
+            self.can_truncate = False
+            return
 
         threads = opts.n_threads or physical_cores()
         cparams = ll.llama_context_default_params()
@@ -154,6 +295,7 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = opts.n_threads_batch or threads
         cparams.no_perf = True
+        cparams.n_outputs_max = opts.n_outputs_max
         if opts.flash_attn is not None:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -174,7 +316,7 @@ class Model:
         # since a batch larger than that aborts the process inside llama_decode.
         self.n_batch = max(1, min(int(ll.llama_n_batch(self._ctx)), int(ll.llama_n_ubatch(self._ctx)), opts.n_batch))
         self.n_threads = threads
-        self.load_seconds = time.perf_counter() - t0
+        self.n_outputs_max = int(opts.n_outputs_max) or self.n_batch
         self._mem = ll.llama_get_memory(self._ctx)
 
         # One batch for the life of the model; numpy views over its arrays make filling it cheap.
@@ -188,8 +330,9 @@ class Model:
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
         self._n_rows = 0  # rows of the last decoded chunk
-        self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._out = None  # the last chunk's logits rows, a view
+        self._out_first = 0  # batch row of self._out[0]
+        self._out_types = {}
         self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
 
         self.can_truncate = self._probe_truncate()
@@ -219,6 +362,24 @@ class Model:
             pass
 
     # -- facts ----------------------------------------------------------------------------
+    def context_params(self) -> dict[str, Any]:
+        """What llama.cpp really took: read back from the context, and from its load log where
+        the API has no getter (flash attention, KV cache types, offloaded layers, buffer sizes)."""
+        rep = self.load_report
+        return {
+            "n_ctx": int(ll.llama_n_ctx(self._ctx)),
+            "n_batch": int(ll.llama_n_batch(self._ctx)),
+            "n_ubatch": int(ll.llama_n_ubatch(self._ctx)),
+            "n_threads": int(ll.llama_n_threads(self._ctx)),
+            "n_threads_batch": int(ll.llama_n_threads_batch(self._ctx)),
+            "n_outputs_max": self.n_outputs_max,
+            "flash_attn": rep.get("flash_attn_resolved", rep.get("flash_attn")),
+            "type_k": rep.get("type_k"),
+            "type_v": rep.get("type_v"),
+            "gpu_layers": rep.get("gpu_layers", 0),
+            "buffers_mib": dict(rep.get("buffers_mib", {})),
+        }
+
     def vocab_facts(self) -> VocabFacts:
         v = self._vocab
         return VocabFacts(
@@ -327,22 +488,49 @@ class Model:
             if logits_from is not None and end > logits_from:
                 if logits_from < start:
                     raise SpecrunError("logits asked for rows outside the last batch chunk")
+                if m - (logits_from - start) > self.n_outputs_max:
+                    raise SpecrunError(
+                        f"{m - (logits_from - start)} rows of logits asked for, the context keeps "
+                        f"at most {self.n_outputs_max}"
+                    )
                 lg[logits_from - start:m] = 1
             self._batch.n_tokens = m
             t0 = time.perf_counter()
             rc = ll.llama_decode(self._ctx, self._batch)
+            if rc == 0:
+                # A backend may still be computing when llama_decode returns; wait here so that
+                # llama_seconds is all of llama.cpp's time and nothing of it lands on our side.
+                ll.llama_synchronize(self._ctx)
             self.llama_seconds += time.perf_counter() - t0
             if rc != 0:
                 raise SpecrunError(f"llama_decode failed (code {rc}) for {self.path.name}")
             start = end
         self._n_rows = m
+        self._out = None
+        if logits_from is not None:
+            # One numpy view over llama.cpp's output buffer for all the rows that asked for
+            # logits (in batch order for one sequence): logits(row) is then a slice, not a
+            # ctypes round trip per row.
+            self._out_first = logits_from - (n - m)
+            n_out = m - self._out_first
+            base = ll.llama_get_logits(self._ctx)
+            if base:
+                arr_t = self._out_types.get(n_out)
+                if arr_t is None:
+                    arr_t = self._out_types[n_out] = ctypes.c_float * (n_out * self.n_vocab)
+                buf = arr_t.from_address(ctypes.addressof(base.contents))
+                rows = np.frombuffer(memoryview(buf), dtype=np.float32)
+                self._out = rows.reshape(n_out, self.n_vocab)
 
     def logits(self, row: int) -> np.ndarray:
-        """Logits of ``row`` of the last decoded chunk: a float32 view, valid until the next decode."""
-        ptr = ll.llama_get_logits_ith(self._ctx, row)
-        if not ptr:
-            raise SpecrunError(f"no logits for row {row}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        """Logits of ``row`` of the last decoded chunk (negative: from the end): a float32 view,
+        valid until the next decode."""
+        out = self._out
+        if out is not None:
+            j = out.shape[0] + row if row < 0 else row - self._out_first
+            if 0 <= j < out.shape[0]:
+                return out[j]
+        raise SpecrunError(f"no logits for row {row} of the last batch")
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position >= n_keep (the rollback after a rejected draft)."""

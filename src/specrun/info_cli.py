@@ -1,0 +1,237 @@
+"""`specrun info`: what this llama.cpp build and machine can do, and what a model or pair needs.
+
+Nothing is pulled and no weights are loaded: sizes and the memory estimate come from the GGUF
+headers, compatibility from a vocabulary-only load (milliseconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import replace
+from importlib import metadata
+from typing import Annotated, Any
+
+import typer
+
+from .errors import ModelError, SpecrunError
+from .options import model_options
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="info")(info)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_info() -> dict[str, Any]:
+    from . import runtime
+
+    sysinfo = runtime.system_info()
+    devs = runtime.devices()
+    backends = sorted({d.name.rstrip("0123456789") for d in devs}) or ["CPU"]
+    gpu = runtime.supports_gpu_offload()
+    return {
+        "specrun": _version("specrun"),
+        "llama_cpp_python": _version("llama-cpp-python"),
+        "gpu_offload": gpu,
+        "kind": "GPU (" + ", ".join(b for b in backends if b != "CPU") + ")" if gpu else "CPU only",
+        "backends": backends,
+        "mmap": runtime.supports_mmap(),
+        "mlock": runtime.supports_mlock(),
+        "system_info": sysinfo,
+        "devices": [d.__dict__ for d in devs],
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    from .memory import host_memory
+    from .runtime import physical_cores
+
+    mem = host_memory()
+    return {
+        "cpu": _cpu_name(),
+        "physical_cores": physical_cores(),
+        "logical_cpus": os.cpu_count(),
+        "ram_total": mem.total,
+        "ram_available": mem.available,
+        "swap_free": mem.swap_free,
+        "default_threads": physical_cores(),
+    }
+
+
+def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any) -> dict[str, Any]:
+    from .registry import _quant_tags
+
+    ftype = info.get("general.file_type")
+    quant = _quant_tags([path.name])
+    return {
+        "role": role,
+        "name": name,
+        "path": str(path),
+        "file_bytes": shape.file_bytes,
+        "arch": shape.arch,
+        "size_label": info.get("general.size_label"),
+        "quant": quant[0] if quant else (f"file_type {ftype}" if ftype is not None else None),
+        "n_layer": shape.n_layer,
+        "n_ctx_train": shape.n_ctx_train,
+        "n_vocab": shape.n_vocab,
+        "n_embd": shape.n_embd,
+        "placement": {
+            "n_ctx": planned.estimate.n_ctx,
+            "gpu_layers": planned.placement.n_gpu_layers,
+            "type_k": planned.placement.type_k,
+            "type_v": planned.placement.type_v,
+            "flash_attn": "on" if planned.placement.flash_attn else opts.flash_attn.lower(),
+        },
+        "estimate": planned.estimate.to_dict(),
+    }
+
+
+def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
+    """Sizes, estimate and compatibility for the model or pair the options name (nothing pulled)."""
+    from . import compat, loader
+    from .memory import ModelShape, host_memory
+    from .registry import Registry
+    from .runtime import LoadOptions, Model
+
+    registry = Registry.load(verbose=opts.verbose)
+    try:
+        p = loader.plan(opts, registry, pull=False)
+    except SpecrunError as exc:
+        if explicit:
+            raise
+        return {"error": str(exc)}
+    resolved = [r for r in (p.target, p.draft) if r is not None]
+    infos = [loader._prevalidate(r.path) for r in resolved]
+    try:  # what `generate` would say, without refusing here
+        planned, notes = loader.memory_plan(p, opts, infos)
+    except ModelError as exc:
+        planned, notes = loader.memory_plan(p, replace(opts, mem_check=False), infos)
+        notes = [str(exc), *notes]
+    mem = host_memory()
+    need = sum(x.estimate.host for x in planned)
+    fits = need <= mem.available + mem.swap_free
+    out: dict[str, Any] = {
+        "pair_draft_max": p.pair_draft_max,
+        "models": [
+            _model_facts("target" if i == 0 else "draft", r.name, r.path, info, ModelShape.from_gguf(info), pl, opts)
+            for i, (r, info, pl) in enumerate(zip(resolved, infos, planned, strict=True))
+        ],
+        "memory": {
+            "host_needed": need,
+            "device_needed": sum(x.estimate.device for x in planned),
+            "host_available": mem.available,
+            "fits": fits,
+            "notes": notes,
+        },
+    }
+    if p.draft is not None:
+        with Model(p.target.path, LoadOptions(vocab_only=True)) as t, Model(
+            p.draft.path, LoadOptions(vocab_only=True)
+        ) as d:
+            bad = compat.problems(t.vocab_facts(), d.vocab_facts(), t.token_text, d.token_text)
+        out["compatible"] = not bad
+        out["problems"] = bad
+    return out
+
+
+def _gib(n: int | float) -> str:
+    from .memory import gib
+
+    return gib(n)
+
+
+def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | None, opts: Any) -> str:
+    lines = [
+        f"specrun {b['specrun']}  ·  llama-cpp-python {b['llama_cpp_python']}",
+        f"build     {b['kind']}; backends {', '.join(b['backends'])}; GPU offload "
+        f"{'yes' if b['gpu_offload'] else 'no (make install GPU=cuda|metal for one)'}; "
+        f"mmap {'yes' if b['mmap'] else 'no'}, mlock {'yes' if b['mlock'] else 'no'}",
+        f"cpu flags {b['system_info']}",
+    ]
+    for d in b["devices"]:
+        mem = f"{_gib(d['free'])} free of {_gib(d['total'])}" if d["total"] else "memory n/a"
+        lines.append(f"device    {d['name']} ({d['kind']}): {d['description']}; {mem}")
+    lines.append(
+        f"machine   {m['cpu']}; {m['physical_cores']} physical cores, {m['logical_cpus']} logical CPUs; "
+        f"RAM {_gib(m['ram_total'])} ({_gib(m['ram_available'])} available), swap {_gib(m['swap_free'])} free"
+    )
+    t_threads = opts.threads or m["default_threads"]
+    lines.append(f"threads   target {t_threads}, draft {opts.threads_draft or t_threads} "
+                 f"(default: physical cores)")
+    if models is None:
+        return "\n".join(lines)
+    if "error" in models:
+        lines.append(f"models    {models['error']}")
+        return "\n".join(lines)
+    lines.append("")
+    for x in models["models"]:
+        e, pl = x["estimate"], x["placement"]
+        where = (f"{pl['gpu_layers']}/{x['n_layer'] + 1} layers on the GPU" if pl["gpu_layers"]
+                 else "CPU")
+        lines.append(f"{x['role']:<6}    {x['name']}  ({x['path']})")
+        lines.append(
+            f"          {x['arch']}"
+            + (f" {x['size_label']}" if x["size_label"] else "")
+            + f", {x['quant'] or '?'}, {_gib(x['file_bytes'])}; {x['n_layer']} layers, "
+            f"n_embd {x['n_embd']}, vocab {x['n_vocab']}, trained context {x['n_ctx_train']}"
+        )
+        lines.append(
+            f"          memory at ctx {pl['n_ctx']} (K {pl['type_k']}, V {pl['type_v']}, flash attention "
+            f"{'on' if pl['flash_attn'] else 'off'}): weights {_gib(e['weights'])} + KV {_gib(e['kv'])} "
+            f"+ compute {_gib(e['compute'])} = {_gib(e['total'])}; {where}"
+        )
+    mm = models["memory"]
+    verdict = "fits" if mm["fits"] else "does NOT fit"
+    lines.append(
+        f"memory    {_gib(mm['host_needed'])} of RAM"
+        + (f" + {_gib(mm['device_needed'])} of GPU memory" if mm["device_needed"] else "")
+        + f" needed, {_gib(mm['host_available'])} available: {verdict}"
+    )
+    for n in mm["notes"]:
+        lines.append(f"          {n}")
+    if "compatible" in models:
+        if models["compatible"]:
+            lines.append("pair      compatible: the draft can speculate for the target"
+                         + (f" (pair draft_max {models['pair_draft_max']})" if models["pair_draft_max"] else ""))
+        else:
+            lines.append("pair      NOT compatible: " + "; ".join(models["problems"]))
+    return "\n".join(lines)
+
+
+@model_options()
+def info(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    models: Annotated[bool, typer.Option("--models/--no-models", help="Also the model or pair (default: the registry's default pair).")] = True,
+    opts: Any = None,
+) -> None:
+    """What this llama.cpp build and machine can do (backends, devices, memory, threads), and for a
+    model or pair: sizes, layers, context, the memory it will need, and whether it is compatible.
+    Nothing is pulled or loaded."""
+    explicit = bool(opts.pair or opts.model or opts.model_draft)
+    b = build_info()
+    m = machine_info()
+    mi = models_info(opts, explicit) if models or explicit else None
+    if as_json:
+        sys.stdout.write(json.dumps({"build": b, "machine": m, "models": mi}, indent=1) + "\n")
+    else:
+        sys.stdout.write(render_text(b, m, mi, opts) + "\n")

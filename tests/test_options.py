@@ -1,0 +1,126 @@
+"""Option plumbing: every model option on every command, and each one reaching llama.cpp's params.
+
+The end-to-end check runs the real CLI with `--json`, whose "runtime" object is read back from the
+llama.cpp contexts (llama_n_ctx, llama_n_threads, ...) and from llama.cpp's own load log (flash
+attention, KV cache types, offloaded layers): not what specrun meant to pass, what llama.cpp took.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import SMOL_TARGET, SPECRUN, THREADS
+
+from specrun.loader import ModelOptions
+from specrun.memory import CACHE_TYPES
+from specrun.options import MODEL_OPTIONS, SAMPLING_OPTIONS
+from specrun.runtime import LoadOptions, Model
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SPECRUN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _flags(opt) -> list[str]:
+    return [d for d in opt.param_decls if d.startswith("--")]
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "info"])
+def test_every_shared_option_is_offered(command):
+    help_text = _run(command, "--help").stdout
+    own_sweep = {"mode", "draft_max", "lookup_cache"} if command == "bench" else set()
+    table = MODEL_OPTIONS + (SAMPLING_OPTIONS if command != "info" else [])
+    for name, _t, opt, _d in table:
+        if name in own_sweep:
+            continue
+        for flag in _flags(opt):
+            flag = flag.split("/")[0]
+            assert flag in help_text, f"{command} lacks {flag}"
+
+
+def test_model_options_become_llama_params_per_model():
+    o = ModelOptions(ctx=1000, ctx_draft=300, threads=1, threads_draft=2, batch=64, flash_attn="off",
+                     cache_type_k="q8_0", cache_type_v="f16", cache_type_k_draft="q4_0", ngl=5, ngl_draft=0)
+    o.validate()
+    t, d = o.load_options(False), o.load_options(True)
+    assert (t.n_ctx, t.n_threads, t.n_batch, t.n_gpu_layers, t.flash_attn) == (1000, 1, 64, 5, False)
+    assert (d.n_ctx, d.n_threads, d.n_batch, d.n_gpu_layers, d.flash_attn) == (300, 2, 64, 0, False)
+    assert (t.type_k, t.type_v) == (CACHE_TYPES["q8_0"][0], CACHE_TYPES["f16"][0])
+    assert (d.type_k, d.type_v) == (CACHE_TYPES["q4_0"][0], CACHE_TYPES["f16"][0])  # V: as the target's
+    # Defaults: the draft follows the target; flash attention is llama.cpp's auto.
+    o = ModelOptions(ctx=2048, threads=3)
+    d = o.load_options(True)
+    assert (d.n_ctx, d.n_threads, d.flash_attn) == (2048, 3, None)
+
+
+def test_runtime_params_are_what_llama_cpp_took(model_path):
+    opts = LoadOptions(n_ctx=700, n_threads=1, n_batch=128, flash_attn=True,
+                       type_k=CACHE_TYPES["q8_0"][0], type_v=CACHE_TYPES["q4_0"][0], n_outputs_max=9)
+    with Model(model_path(SMOL_TARGET), opts) as m:
+        got = m.context_params()
+    assert got["n_ctx"] == 768  # padded to 256 by llama.cpp
+    assert (got["n_batch"], got["n_ubatch"], got["n_threads"], got["n_threads_batch"]) == (128, 128, 1, 1)
+    assert (got["type_k"], got["type_v"], got["flash_attn"]) == ("q8_0", "q4_0", "enabled")
+    assert got["n_outputs_max"] == 9 and got["gpu_layers"] == 0
+
+
+def test_cli_options_reach_llama_cpp():
+    r = _run("generate", "--prompt", "Count to three.", "-n", "4", "--json", "--mode", "draft",
+             "--ctx", "600", "--ctx-draft", "300", "-t", "1", "--threads-draft", str(THREADS),
+             "-b", "64", "--flash-attn", "off", "-ctk", "q8_0", "-ctkd", "q4_0", "--ngl", "0")
+    assert r.returncode == 0, r.stderr
+    rt = json.loads(r.stdout)["runtime"]
+    t, d = rt["target"], rt["draft"]
+    assert (t["n_ctx"], t["n_threads"], t["n_batch"], t["flash_attn"], t["type_k"], t["type_v"]) == (
+        768, 1, 64, "disabled", "q8_0", "f16")
+    assert (d["n_ctx"], d["n_threads"], d["n_batch"], d["type_k"], d["type_v"]) == (
+        512, THREADS, 64, "q4_0", "f16")
+    assert t["buffers_mib"]["kv"] > d["buffers_mib"]["kv"] * 0  # buffers are reported
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cache-type-k", "q9"], "--cache-type-k must be one of"),
+        (["--cache-type-v-draft", "x"], "--cache-type-v-draft must be one of"),
+        (["--flash-attn", "maybe"], "--flash-attn must be on, off or auto"),
+        (["--flash-attn", "off", "--cache-type-v", "q8_0"], "needs flash attention"),
+        (["--draft-max", "65"], "--draft-max must be 1 to 64"),
+        (["--ctx", "5000000000"], "--ctx must be 16 to"),
+        (["-b", "0"], "--batch-size must be >= 1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["generate", "chat", "info"])
+def test_bad_placement_values_are_usage_errors(command, args, needle):
+    extra = ["--prompt", "hi"] if command == "generate" else []
+    r = _run(command, *extra, *args, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1, r.stderr
+
+
+def test_info_reports_build_machine_and_pair():
+    r = _run("info", "--json")
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    b, m, mi = obj["build"], obj["machine"], obj["models"]
+    assert b["gpu_offload"] in (True, False) and b["devices"] and b["system_info"]
+    assert m["physical_cores"] >= 1 and m["ram_total"] > 0
+    roles = [x["role"] for x in mi["models"]]
+    assert roles == ["target", "draft"] and mi["compatible"] is True
+    t = mi["models"][0]
+    assert t["n_layer"] == 30 and t["n_vocab"] == 49152 and t["estimate"]["kv"] > 0
+    assert t["placement"]["n_ctx"] == 4096 and mi["memory"]["fits"] is True
+    # The text form says the same in words.
+    r = _run("info", "--ctx", "1024")
+    assert r.returncode == 0, r.stderr
+    assert "compatible" in r.stdout and "memory at ctx 1024" in r.stdout and "threads" in r.stdout
+
+
+def test_info_on_an_incompatible_pair_says_why():
+    r = _run("info", "-m", "smollm2-135m-instruct-q4_1", "-md", "gemma-3-270m-q4_k_m", "--json")
+    assert r.returncode == 0, r.stderr
+    mi = json.loads(r.stdout)["models"]
+    assert mi["compatible"] is False and mi["problems"]
