@@ -76,15 +76,17 @@ def output_paths(target_name: str, quants: list[str], out: Path | None, sweep: b
 
 def quantize_atomic(src: Path, dest: Path, quant: str, threads: int | None) -> Path:
     """Re-quantize ``src`` into ``dest`` through a part file and a rename."""
-    from .runtime import quantize
+    from .registry import quantize_file
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where the folder should be
+        raise ModelError(f"cannot write to {dest.parent}: Not a directory") from None
     except OSError as exc:
         raise ModelError(f"cannot write to {dest.parent}: {exc.strerror}") from None
     part = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     try:
-        quantize(src, part, quant, threads=threads)
+        quantize_file(src, part, quant, threads=threads)
         try:
             with open(part, "rb+") as f:
                 head = f.read(4)

