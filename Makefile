@@ -9,13 +9,22 @@ GPU    ?=
 PYTEST_ARGS ?=
 
 LLAMA_CPP_PIN := llama-cpp-python==0.3.36
+# GGML_LLAMAFILE=OFF: llamafile's tinyBLAS runs batches of 2+ rows but not single rows, so a
+# target pass over K+1 drafted rows summed in a different order than one-token decoding and greedy
+# output could differ from the target's own at near-ties (logits ~1e-2 apart). Without it every
+# batch size takes ggml's own kernels and batched logits equal one-at-a-time logits bit for bit,
+# at the same speed on CPU (DEVELOPERS.md).
+LLAMA_CMAKE := -DGGML_LLAMAFILE=OFF
 ifeq ($(GPU),cuda)
-  CMAKE_ARGS := -DGGML_CUDA=on
+  CMAKE_ARGS := $(LLAMA_CMAKE) -DGGML_CUDA=on
 else ifeq ($(GPU),metal)
-  CMAKE_ARGS := -DGGML_METAL=on
-else ifneq ($(GPU),)
+  CMAKE_ARGS := $(LLAMA_CMAKE) -DGGML_METAL=on
+else ifeq ($(GPU),)
+  CMAKE_ARGS := $(LLAMA_CMAKE)
+else
   $(error GPU must be cuda or metal, got '$(GPU)')
 endif
+LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS)
 
 STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU),)
 
@@ -29,13 +38,16 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-ifneq ($(GPU),)
-	@echo "building llama-cpp-python with CMAKE_ARGS=$(CMAKE_ARGS) (several minutes)"
-	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install --force-reinstall --no-cache-dir --no-deps "$(LLAMA_CPP_PIN)"
-endif
-	@echo "installing specrun and its pinned dependencies (llama-cpp-python builds from source: ~7 min on 2 cores, once)"
+	@# llama-cpp-python ships as source only: built here with our CMake flags (no cached wheel,
+	@# which may have been built without them), again only when the pin or the flags change.
+	@if [ "$$(cat $(VENV)/.llama-build 2>/dev/null)" != "$(LLAMA_BUILD)" ]; then \
+	  echo "building $(LLAMA_CPP_PIN) with CMAKE_ARGS='$(CMAKE_ARGS)' (~7 min on 2 cores, once)"; \
+	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --force-reinstall --no-cache-dir \
+	    --no-deps "$(LLAMA_CPP_PIN)" && echo "$(LLAMA_BUILD)" > $(VENV)/.llama-build; \
+	fi
+	@echo "installing specrun and its pinned dependencies"
 	$(BIN)/python -m pip install --quiet -e '.[dev,plot]'
 	$(BIN)/specrun models pull $(PAIR)
 	touch $@

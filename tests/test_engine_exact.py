@@ -51,6 +51,40 @@ def baselines(pairs):
 
 
 @pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
+def test_batched_logits_equal_one_at_a_time(pairs, pair_name):
+    """What greedy exactness rests on: a row verified inside a batch of K + 1 gets exactly the
+    logits it gets when the target decodes it alone. Fails on a llama.cpp built with llamafile's
+    sgemm (batches of 2+ rows sum in another order than single rows): build with
+    CMAKE_ARGS=-DGGML_LLAMAFILE=OFF, as `make install` does."""
+    import numpy as np
+
+    target, _draft = pairs[pair_name]
+    prompt = prompt_tokens(target, "prose")
+    p = len(prompt)
+    target.clear()
+    target.decode(prompt, 0, logits_from=p - 1)
+    alone, toks = [target.logits(-1).copy()], []
+    for i in range(12):
+        toks.append(int(np.argmax(alone[-1])))
+        target.decode([toks[-1]], p + i, logits_from=0)
+        alone.append(target.logits(0).copy())
+    for rows in (2, 5, 9):
+        target.truncate(p)
+        pos, batched = p, []
+        for start in range(0, 12, rows):
+            chunk = toks[start:start + rows]
+            target.decode(chunk, pos, logits_from=0)
+            batched += [target.logits(r).copy() for r in range(len(chunk))]
+            pos += len(chunk)
+        for i, (a, b) in enumerate(zip(alone[1:], batched, strict=True)):
+            assert np.array_equal(a, b), (
+                f"{pair_name}: row {i} in batches of {rows} differs from one-at-a-time decoding by "
+                f"up to {np.max(np.abs(a - b)):.1e} (llama.cpp built with LLAMAFILE?)"
+            )
+    target.clear()
+
+
+@pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
 @pytest.mark.parametrize("draft_max", [1, 3, 4, 8])
 def test_draft_equals_target_alone(pairs, baselines, pair_name, draft_max):
     target, draft = pairs[pair_name]

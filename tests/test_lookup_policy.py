@@ -188,3 +188,57 @@ def test_auto_finds_a_drafter_again_when_it_starts_paying():
     drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
     ks = drive(policy, 600, accept_rate=0.9, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
     assert np.median([k for _, k in ks[-200:]]) >= 3
+
+
+class FakeLookup:
+    """Stands in for prompt lookup: always has a match of ``last_match`` tokens to offer."""
+
+    name = "lookup"
+    last_match = 3
+
+    def prefill(self, tokens):
+        return 0
+
+    def propose(self, tokens, k, params, rng, greedy_draft):
+        return Proposal([2] * k, None)
+
+    def rollback(self, valid_len):
+        pass
+
+    def reset(self):
+        pass
+
+
+def drive_two(policy, steps, rates, draft_step_s, t1, slope, rng):
+    """As ``drive``, with an acceptance rate per drafter."""
+    names = []
+    for _ in range(steps):
+        name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+        k = len(prop)
+        n_acc = 0
+        while n_acc < k and rng.random() < rates.get(name, 0.0):
+            n_acc += 1
+        draft_s = draft_step_s * k if name == "draft" else 0.0
+        policy.observe(name, k, n_acc, draft_s, t1 * (1 + slope * k))
+        names.append(name)
+    return names
+
+
+def test_auto_probes_lookup_while_the_draft_model_pays():
+    """Lookup that failed early is re-probed even while the draft model is chosen every step,
+    and taken over once it pays more (the text turned to copying the prompt)."""
+    rng = np.random.default_rng(5)
+    policy = AutoPolicy(8, FakeLookup(), FakeDraftModel())
+    first = drive_two(policy, 200, {"draft": 0.7, "lookup": 0.0}, 0.003, 0.016, 0.1, rng)
+    assert first[100:].count("draft") >= 90  # the draft model carries the first phase
+    assert 1 <= first[100:].count("lookup") <= 10  # lookup only probed, with a backoff
+    second = drive_two(policy, 400, {"draft": 0.7, "lookup": 0.98}, 0.003, 0.016, 0.1, rng)
+    assert second[-200:].count("lookup") >= 180
+
+
+def test_one_early_miss_does_not_zero_the_estimate():
+    from specrun.policy import _Acceptance
+
+    acc = _Acceptance(costmodel.geometric(0.6, 4))
+    acc.update(2, 0)
+    assert 0.2 < acc.estimate()[0] < 0.6

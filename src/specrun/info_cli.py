@@ -58,6 +58,7 @@ def build_info() -> dict[str, Any]:
         "mmap": runtime.supports_mmap(),
         "mlock": runtime.supports_mlock(),
         "system_info": sysinfo,
+        "batch_exact_cpu": runtime.batch_exact_cpu(),
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -167,6 +168,13 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
         f"{'yes' if b['gpu_offload'] else 'no (make install GPU=cuda|metal for one)'}; "
         f"mmap {'yes' if b['mmap'] else 'no'}, mlock {'yes' if b['mlock'] else 'no'}",
         f"cpu flags {b['system_info']}",
+        "exactness " + (
+            "CPU batches are row-exact: a row decoded in a batch gets the logits it gets alone, bit for bit"
+            if b["batch_exact_cpu"] else
+            "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
+            "greedy speculation can differ from the target alone at near-ties; rebuild with "
+            "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make install does)"
+        ),
     ]
     for d in b["devices"]:
         mem = f"{_gib(d['free'])} free of {_gib(d['total'])}" if d["total"] else "memory n/a"

@@ -90,6 +90,9 @@ class _Acceptance:
     alpha: float = 0.15
     seen: list[int] = field(default_factory=list)
     MIN_SEEN = 4
+    # The prior counts as this many observations: one early miss lowers the estimate instead of
+    # zeroing it (which starved a drafter until its next probe, however good it was).
+    PRIOR_N = 2
 
     def __post_init__(self) -> None:
         self.seen = [0] * len(self.cum)
@@ -99,7 +102,7 @@ class _Acceptance:
         for i in range(min(k, len(self.cum))):
             hit = 1.0 if n_accepted > i else 0.0
             # Plain average while few samples (fast start), EMA after (tracks drift).
-            w = max(a, 1.0 / (self.seen[i] + 1))
+            w = max(a, 1.0 / (self.seen[i] + 1 + self.PRIOR_N))
             self.cum[i] += w * (hit - self.cum[i])
             self.seen[i] += 1
 
@@ -180,6 +183,8 @@ class AutoPolicy(Policy):
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
         self._key = "none"
         self._longer = False  # the last draft was accepted whole: explore one position further
+        self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
+        self._probing = False  # the last step was a probe, not the best choice
 
     def _acc(self, key: str) -> _Acceptance:
         a = self.acc.get(key)
@@ -199,37 +204,41 @@ class AutoPolicy(Policy):
         for name in self._since:
             self._since[name] += 1
         best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
-        probe: tuple[str, int] | None = None
-
+        lookup_prop: Proposal | None = None
+        lookup_key = "lookup"
+        lookup_s = 0.0
         if self.lookup is not None:
             prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
             if len(prop):
-                key = f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
-                k, s = costmodel.best_k(self._acc(key).estimate(), 0.0, v, len(prop))
-                if k and s > best[0]:
-                    best = (s, key, k, Proposal(prop.tokens[:k], None))
-                elif self._since["lookup"] >= self._probe_every["lookup"]:
-                    probe = ("lookup", 0)
-                    best_probe = Proposal(prop.tokens[: min(2, len(prop))], None)
+                lookup_prop, lookup_key = prop, self._lookup_key()
+                k, lookup_s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop))
+                if k and lookup_s > best[0]:
+                    best = (lookup_s, lookup_key, k, Proposal(prop.tokens[:k], None))
+        draft_s = 0.0
         if self.model is not None:
-            k, s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
-            if k and s > best[0]:
-                best = (s, "draft", k, None)
-            elif best[1] == "none" and probe is None and self._since["draft"] >= self._probe_every["draft"]:
-                probe = ("draft", min(2, k_cap))
+            k, draft_s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
+            if k and draft_s > best[0]:
+                best = (draft_s, "draft", k, None)
 
         s, key, k, prop_ready = best
-        if key == "none" and probe is not None:
-            name, pk = probe
-            self._since[name] = 0
-            self._probe_every[name] = min(self.PROBE_MAX, self._probe_every[name] * 2)
-            if name == "lookup":
-                key, prop_ready, k = self._lookup_key(), best_probe, len(best_probe)
-            else:
-                key, k = "draft", pk
-            s = 0.0
+        self._rival_s = s
+        # Re-probing. An estimate only moves when its drafter runs, so one that is not chosen
+        # (it does not pay, or pays less than another) is tried now and then, with a backoff:
+        # lookup even while the draft model pays (lookup costs nothing to propose, and a text
+        # that turns to copying its prompt would otherwise go unnoticed), the draft model when
+        # nothing is chosen.
+        if (lookup_prop is not None and not key.startswith("lookup")
+                and self._since["lookup"] >= self._probe_every["lookup"]):
+            self._backoff("lookup")
+            key, k, s = lookup_key, min(2, len(lookup_prop)), 0.0
+            prop_ready = Proposal(lookup_prop.tokens[:k], None)
+        elif (self.model is not None and key == "none"
+              and self._since["draft"] >= self._probe_every["draft"]):
+            self._backoff("draft")
+            key, k, s = "draft", min(2, k_cap), 0.0
         self.last_choice = (key, k, s)
         self._key = key
+        self._probing = key != best[1]
         if key == "none":
             return "none", EMPTY
         if key.startswith("lookup"):
@@ -243,6 +252,10 @@ class AutoPolicy(Policy):
             # was accepted whole, draft one more (as adaptive-K heuristics do).
             k = min(k + 1, k_cap)
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft)
+
+    def _backoff(self, name: str) -> None:
+        self._since[name] = 0
+        self._probe_every[name] = min(self.PROBE_MAX, self._probe_every[name] * 2)
 
     def _lookup_key(self) -> str:
         return f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
@@ -264,5 +277,7 @@ class AutoPolicy(Policy):
             return
         v = self.costs.verify_cost()
         c = self._draft_c() if name == "draft" else 0.0
-        if costmodel.best_k(acc.estimate(), c, v, len(acc.cum))[1] > self.MARGIN:
+        # A probe resets the backoff only when it now beats what it displaced.
+        bar = max(self.MARGIN, self._rival_s) if self._probing else self.MARGIN
+        if costmodel.best_k(acc.estimate(), c, v, len(acc.cum))[1] > bar:
             self._probe_every[name] = self.PROBE_MIN

@@ -50,7 +50,7 @@ def _parse_load_log(lines: list[str]) -> dict[str, Any]:
         if m:
             key = m.group(2).lower()
             mib[key] = mib.get(key, 0.0) + float(m.group(3))
-            if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64") and "Host" not in m.group(1):
+            if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64", "AMX") and "Host" not in m.group(1):
                 mib[key + "_device"] = mib.get(key + "_device", 0.0) + float(m.group(3))
             continue
         m = re.search(r"K \((\w+)\):.*V \((\w+)\):", line)
@@ -163,6 +163,95 @@ def supports_mlock() -> bool:
 def system_info() -> str:
     init_backend()
     return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def batch_exact_cpu() -> bool:
+    """Whether CPU matmuls give the same numbers for a row decoded alone and in a batch.
+
+    llamafile's tinyBLAS (a build default) takes batches of 2+ rows and leaves single rows to
+    ggml's vec_dot, which sums in another order: logits then differ by ~1e-2 and greedy
+    speculation can part from the target alone at near-ties. ``make install`` builds without it.
+    """
+    return "LLAMAFILE = 1" not in system_info()
+
+
+_extra_bufts: dict[str, int] | None = None
+AMX_OPT_IN = "SPECRUN_ALLOW_AMX"
+
+
+def cpu_extra_buffer_types() -> dict[str, int]:
+    """The CPU backend's extra weight buffer types by name (AMX, CPU_REPACK, ...): handles."""
+    global _extra_bufts
+    if _extra_bufts is not None:
+        return _extra_bufts
+    init_backend()
+    out: dict[str, int] = {}
+    lib = ll.llama_cpp._lib
+    try:
+        by_type, reg_of = lib.ggml_backend_dev_by_type, lib.ggml_backend_dev_backend_reg
+        proc, buft_name = lib.ggml_backend_reg_get_proc_address, lib.ggml_backend_buft_name
+    except AttributeError:  # pragma: no cover - a build that does not export them
+        _extra_bufts = out
+        return out
+    by_type.restype, by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
+    reg_of.restype, reg_of.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    proc.restype, proc.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    buft_name.restype, buft_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    dev = by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    addr = proc(reg_of(dev), b"ggml_backend_dev_get_extra_bufts") if dev else None
+    if addr:
+        get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(addr)
+        arr = get(dev)
+        i = 0
+        while arr and arr[i]:
+            out[(buft_name(arr[i]) or b"?").decode("utf-8", "replace")] = int(arr[i])
+            i += 1
+    _extra_bufts = out
+    return out
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int) -> Any:
+    """Keep weights out of llama.cpp's AMX buffers; returns what must outlive the load.
+
+    On CPUs with AMX (Sapphire Rapids and later) llama.cpp puts quantized weights in AMX buffers,
+    whose batched matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat on any batch of 2+ rows:
+    ggml-org/llama.cpp#20824, reproduced with 0.3.36 on Q4_0, Q4_1 and Q4_K models) - and
+    speculation decodes batches every step. Extra buffer types are turned off, and the layer
+    matrices that the CPU backend's own repacking takes (Q4_0 and Q4_K with rows in eights, on
+    x86 with AVX2) are put back in CPU_REPACK by name, so the draft keeps that speed-up.
+    SPECRUN_ALLOW_AMX=1 leaves llama.cpp's choice alone (for a llama.cpp where this is fixed).
+    """
+    bufts = cpu_extra_buffer_types()
+    if "AMX" not in bufts or os.environ.get(AMX_OPT_IN) == "1":
+        return None
+    mparams.use_extra_bufts = False
+    repack = bufts.get("CPU_REPACK")
+    if repack is None or (n_gpu_layers != 0 and supports_gpu_offload()):
+        return None
+    from .gguf import validate_gguf
+
+    try:
+        info = validate_gguf(path, check_tensors=True)
+    except SpecrunError:
+        return None  # llama.cpp reports what is wrong with the file
+    layers_by_suffix: dict[str, list[str]] = {}
+    for name, tname, rows in info.layer_matrices:
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        if m and tname in ("Q4_0", "Q4_K") and rows % 8 == 0:
+            layers_by_suffix.setdefault(m.group(2), []).append(m.group(1))
+    if not layers_by_suffix:
+        return None
+    entries = [
+        _BuftOverride(f"^blk\\.({'|'.join(layers)})\\.{re.escape(suffix)}$".encode(), repack)
+        for suffix, layers in layers_by_suffix.items()
+    ]
+    arr = (_BuftOverride * (len(entries) + 1))(*entries, _BuftOverride(None, None))
+    mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+    return arr
 
 
 @dataclass(frozen=True)
@@ -309,6 +398,7 @@ class Model:
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = _load_progress
+        keep = _avoid_amx(self.path, mparams, opts.n_gpu_layers) if not opts.vocab_only else None
         global _log_capture
         t0 = time.perf_counter()
         _log_capture = []
@@ -316,6 +406,7 @@ class Model:
             with deferred_signals():
                 self._load(mparams, opts)
         finally:
+            del keep
             self.load_report = _parse_load_log(_log_capture)
             _log_capture = None
         self.load_seconds = time.perf_counter() - t0
