@@ -51,7 +51,14 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--p-min", type=float, default=P_MIN, help="--draft-p-min for the draft model")
     ap.add_argument("--prompts", help="comma list of prompt names (default: all)")
+    ap.add_argument("--configs", help="comma list of MODE:K, e.g. none,draft:2,draft:3,lookup:4,auto:4 "
+                                      "(default: none,draft:4,lookup:4,hybrid:4,auto:4)")
     a = ap.parse_args()
+    global CONFIGS
+    if a.configs:
+        CONFIGS = [(m, int(k) if k else None) for m, _, k in (c.partition(":") for c in a.configs.split(","))]
+        if CONFIGS[0][0] != "none":
+            ap.error("--configs must start with none (the baseline)")
     reg = Registry.load()
     pair = reg.pair("smollm2-135m")
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
@@ -66,12 +73,12 @@ def main() -> None:
     for key in chosen:
         text = PROMPTS[key]
         toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
-        engines[("none", None)].run(toks, max_tokens=16, reuse_cache=False)  # warm-up
+        engines[CONFIGS[0]].run(toks, max_tokens=16, reuse_cache=False)  # warm-up
         runs: dict[tuple, list] = {c: [] for c in CONFIGS}
         for _ in range(a.repeats):
             for c in CONFIGS:
                 runs[c].append(engines[c].run(toks, max_tokens=a.n, reuse_cache=False))
-        base = statistics.median(r.stats.tokens_per_second for r in runs[("none", None)])
+        base = statistics.median(r.stats.tokens_per_second for r in runs[CONFIGS[0]])
         for c in CONFIGS:
             rs = runs[c]
             tps = statistics.median(r.stats.tokens_per_second for r in rs)
@@ -80,17 +87,17 @@ def main() -> None:
                 "tokens_per_second": round(tps, 2), "speedup": round(tps / base, 3),
                 "acceptance_rate": round(statistics.median(r.stats.acceptance_rate for r in rs), 3),
                 "mean_accepted_length": round(statistics.median(r.stats.mean_accepted_length for r in rs), 2),
-                "identical": all(r.tokens == runs[("none", None)][0].tokens for r in rs),
+                "identical": all(r.tokens == runs[CONFIGS[0]][0].tokens for r in rs),
                 "modes_used": dict(rs[-1].stats.modes_used),
             })
             print(json.dumps(rows[-1]), flush=True)
     print()
-    print("| prompt | " + " | ".join(m for m, _ in CONFIGS) + " |")
+    print("| prompt | " + " | ".join(f"{m}{'' if k is None else f' K={k}'}" for m, k in CONFIGS) + " |")
     print("|---|" + "---:|" * len(CONFIGS))
     for key in chosen:
         cells = []
-        for m, _ in CONFIGS:
-            r = next(x for x in rows if x["prompt"] == key and x["mode"] == m)
+        for m, k in CONFIGS:
+            r = next(x for x in rows if x["prompt"] == key and x["mode"] == m and x["draft_max"] == k)
             cells.append(f"{r['tokens_per_second']:.1f} tok/s ({r['speedup']:.2f}x, acc {r['acceptance_rate']:.2f}"
                          f"{'' if r['identical'] else ', DIFFERENT'})")
         print(f"| {key} | " + " | ".join(cells) + " |")
