@@ -50,16 +50,23 @@ def baselines(pairs):
     return out
 
 
+@pytest.mark.parametrize("long_context", [False, True])
 @pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])
-def test_batched_logits_equal_one_at_a_time(pairs, pair_name):
+def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
     """What greedy exactness rests on: a row verified inside a batch of K + 1 gets exactly the
     logits it gets when the target decodes it alone. Fails on a llama.cpp built with llamafile's
     sgemm (batches of 2+ rows sum in another order than single rows): build with
-    CMAKE_ARGS=-DGGML_LLAMAFILE=OFF, as `make install` does."""
+    CMAKE_ARGS=-DGGML_LLAMAFILE=OFF, as `make install` does. The long context (400+ tokens) is
+    where llama.cpp's CPU flash attention parts batched rows from single ones: runtime.py turns
+    it off on the CPU unless asked for."""
     import numpy as np
 
     target, _draft = pairs[pair_name]
     prompt = prompt_tokens(target, "prose")
+    if long_context:
+        filler = " ".join(v for v in PROMPTS.values() if v) + "\n"
+        prompt = target.tokenize(filler * 8, add_special=True) + prompt
+        assert len(prompt) > 400
     p = len(prompt)
     target.clear()
     target.decode(prompt, 0, logits_from=p - 1)

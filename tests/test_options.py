@@ -49,10 +49,17 @@ def test_model_options_become_llama_params_per_model():
     assert (d.n_ctx, d.n_threads, d.n_batch, d.n_gpu_layers, d.flash_attn) == (300, 2, 64, 0, False)
     assert (t.type_k, t.type_v) == (CACHE_TYPES["q8_0"][0], CACHE_TYPES["f16"][0])
     assert (d.type_k, d.type_v) == (CACHE_TYPES["q4_0"][0], CACHE_TYPES["f16"][0])  # V: as the target's
-    # Defaults: the draft follows the target; flash attention is llama.cpp's auto.
+    # Defaults: the draft follows the target; flash attention auto is off for a model on the CPU
+    # (row-exact batches), llama.cpp's choice (None) for one offloaded to a GPU, on for a
+    # quantized V cache.
+    from specrun.runtime import supports_gpu_offload
+
     o = ModelOptions(ctx=2048, threads=3)
     d = o.load_options(True)
-    assert (d.n_ctx, d.n_threads, d.flash_attn) == (2048, 3, None)
+    assert (d.n_ctx, d.n_threads) == (2048, 3)
+    assert d.flash_attn is (None if supports_gpu_offload() else False)
+    assert ModelOptions(ngl=0).load_options(False).flash_attn is False
+    assert ModelOptions(cache_type_v="q8_0").load_options(False).flash_attn is True
 
 
 def test_runtime_params_are_what_llama_cpp_took(model_path):

@@ -45,7 +45,7 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
     ("threads", int | None, _opt("--threads", "-t", help="CPU threads for the target (default: physical cores).", panel=P_PLACE), None),
     ("threads_draft", int | None, _opt("--threads-draft", "-td", help="CPU threads for the draft (default: as --threads).", panel=P_PLACE), None),
     ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE), 512),
-    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto = llama.cpp decides).", panel=P_PLACE), "auto"),
+    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE), "auto"),
     ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE), "f16"),
     ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE), "f16"),
     ("cache_type_k_draft", str | None, _opt("--cache-type-k-draft", "-ctkd", help="Draft KV cache type for K (default: as the target's).", panel=P_PLACE), None),

@@ -165,6 +165,22 @@ def system_info() -> str:
     return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
 
+def auto_flash_attn(n_gpu_layers: int, type_v: int | None) -> bool | None:
+    """Flash attention when none was asked for: off for a model on the CPU, on for a quantized
+    V cache (which needs it), llama.cpp's own choice (None) for one offloaded to a GPU.
+
+    llama.cpp's CPU flash-attention kernel gives a row decoded in a batch other logits than the
+    same row decoded alone once the context is a few hundred tokens long (measured with SmolLM2:
+    up to 6e-2 at 400 tokens, exact below ~256), so greedy speculation could part from the target
+    alone at a near-tie. Without it, CPU batches are row-exact.
+    """
+    if type_v is not None and type_v not in (0, 1, 30):  # f32, f16, bf16
+        return True
+    if n_gpu_layers == 0 or not supports_gpu_offload():
+        return False
+    return None
+
+
 def batch_exact_cpu() -> bool:
     """Whether CPU matmuls give the same numbers for a row decoded alone and in a batch.
 
@@ -436,9 +452,10 @@ class Model:
         cparams.n_threads_batch = opts.n_threads_batch or threads
         cparams.no_perf = True
         cparams.n_outputs_max = opts.n_outputs_max
-        if opts.flash_attn is not None:
+        flash = opts.flash_attn if opts.flash_attn is not None else auto_flash_attn(opts.n_gpu_layers, opts.type_v)
+        if flash is not None:
             cparams.flash_attn_type = (
-                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
         if opts.type_k is not None:
             cparams.type_k = opts.type_k
