@@ -242,3 +242,33 @@ def test_one_early_miss_does_not_zero_the_estimate():
     acc = _Acceptance(costmodel.geometric(0.6, 4))
     acc.update(2, 0)
     assert 0.2 < acc.estimate()[0] < 0.6
+
+
+def test_declined_lookup_is_scored_against_what_the_target_said():
+    """A lookup proposal that auto declines is checked for free against the step's tokens, so a
+    pessimistic estimate recovers without waiting for a probe."""
+    rng = np.random.default_rng(6)
+    policy = AutoPolicy(8, FakeLookup(), None)
+    key = "lookup:3"
+    for _ in range(12):  # lookup misses at once, every time: its estimate falls below paying
+        policy._acc(key).update(2, 0)
+    policy.costs.observe_verify(1, 0.016)
+    policy.costs.observe_verify(3, 0.016 * 1.3)
+    name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+    assert name == "none" and len(prop) == 0
+    before = policy._acc(key).estimate()[0]
+    policy.observe(name, 0, 0, 0.0, 0.016)
+    policy.observe_tokens([2])  # the target said exactly what lookup offered (FakeLookup: 2s)
+    assert policy._acc(key).estimate()[0] > before
+    chosen = []
+    for _ in range(20):
+        name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+        policy.observe(name, len(prop), len(prop), 0.0, 0.016 * (1 + 0.15 * len(prop)))
+        policy.observe_tokens([2] * (len(prop) + 1))
+        chosen.append(name)
+    assert chosen[-10:] == ["lookup"] * 10
+    # ... and a miss lowers it the same way.
+    policy._declined = (key, [2, 2, 2])
+    before = policy._acc(key).estimate()[0]
+    policy.observe_tokens([5])
+    assert policy._acc(key).estimate()[0] < before

@@ -220,6 +220,7 @@ class Engine:
                 st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
                 st.record_pass(name, k_used, n_acc)
                 policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
+                policy.observe_tokens(new)
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc
                 if len(self._target_cached) > valid:

@@ -32,6 +32,9 @@ class Policy:
     def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
         """What the last step cost and how much of its draft the target accepted."""
 
+    def observe_tokens(self, tokens: list[int]) -> None:
+        """The tokens the last step produced (accepted drafts and the target's own)."""
+
     def prefill(self, tokens: list[int]) -> None:
         for d in self.drafters:
             d.prefill(tokens)
@@ -185,6 +188,7 @@ class AutoPolicy(Policy):
         self._longer = False  # the last draft was accepted whole: explore one position further
         self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
         self._probing = False  # the last step was a probe, not the best choice
+        self._declined: tuple[str, list[int]] | None = None  # lookup's proposal, not taken
 
     def _acc(self, key: str) -> _Acceptance:
         a = self.acc.get(key)
@@ -222,6 +226,7 @@ class AutoPolicy(Policy):
 
         s, key, k, prop_ready = best
         self._rival_s = s
+        self._declined = None
         # Re-probing. An estimate only moves when its drafter runs, so one that is not chosen
         # (it does not pay, or pays less than another) is tried now and then, with a backoff:
         # lookup even while the draft model pays (lookup costs nothing to propose, and a text
@@ -236,6 +241,9 @@ class AutoPolicy(Policy):
               and self._since["draft"] >= self._probe_every["draft"]):
             self._backoff("draft")
             key, k, s = "draft", min(2, k_cap), 0.0
+        if lookup_prop is not None and not key.startswith("lookup"):
+            # What lookup offered but did not get: checked against what the step produces.
+            self._declined = (lookup_key, list(lookup_prop.tokens))
         self.last_choice = (key, k, s)
         self._key = key
         self._probing = key != best[1]
@@ -252,6 +260,22 @@ class AutoPolicy(Policy):
             # was accepted whole, draft one more (as adaptive-K heuristics do).
             k = min(k + 1, k_cap)
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft)
+
+    def observe_tokens(self, tokens: list[int]) -> None:
+        """Free evidence for a declined lookup proposal: the step's tokens say how much of it
+        the target would have accepted (greedy: exactly; sampled: each position is accepted with
+        the probability the target gives the proposed token, which is also the chance that it
+        samples that token, so the estimate stays unbiased). Without this an estimate that fell
+        below paying moved only on probes."""
+        declined, self._declined = self._declined, None
+        if declined is None or not tokens:
+            return
+        key, prop = declined
+        known = min(len(prop), len(tokens))
+        m = 0
+        while m < known and prop[m] == tokens[m]:
+            m += 1
+        self._acc(key).update(min(m + 1, known), m)
 
     def _backoff(self, name: str) -> None:
         self._since[name] = 0
