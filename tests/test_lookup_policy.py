@@ -272,3 +272,37 @@ def test_declined_lookup_is_scored_against_what_the_target_said():
     before = policy._acc(key).estimate()[0]
     policy.observe_tokens([5])
     assert policy._acc(key).estimate()[0] < before
+
+
+class ShyDraftModel(FakeDraftModel):
+    """A draft model that is rarely sure: most attempts stop under --draft-p-min and propose
+    nothing, though what it does propose is always right."""
+
+    def __init__(self, rng):
+        super().__init__()
+        self.rng = rng
+
+    def propose(self, tokens, k, params, rng, greedy_draft):
+        self.proposed.append(k)
+        return Proposal([1] * k if self.rng.random() < 0.1 else [], None)
+
+
+def test_auto_counts_draft_attempts_that_propose_nothing():
+    """An attempt that proposes nothing still costs a draft step; counted as plain decoding (as
+    before) it made a rarely-sure draft model look free, and auto kept running it."""
+    rng = np.random.default_rng(7)
+    model = ShyDraftModel(np.random.default_rng(8))
+    policy = AutoPolicy(8, None, model)
+    t1, c = 0.016, 0.006
+    attempts = []
+    for _ in range(400):
+        name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+        k = len(prop)
+        draft_s = c * max(k, 1) if name == "draft" else 0.0
+        if name == "draft" and k == 0:
+            policy.observe("none", 0, 0, 0.0, t1)
+            policy.observe_declined("draft", draft_s)
+        else:
+            policy.observe(name, k, k, draft_s, t1 * (1 + 0.1 * k))
+        attempts.append(name == "draft")
+    assert sum(attempts[200:]) <= 200 / 8, sum(attempts[200:])

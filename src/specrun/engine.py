@@ -209,9 +209,11 @@ class Engine:
                 k = min(draft_max, remaining - 1, target.n_ctx - base)
                 name, prop = "none", EMPTY
                 t_step = time.perf_counter()
+                declined = None
                 if k > 0:
                     name, prop = policy.draft(run.tokens, k, params, rng, greedy or match)
                     if len(prop) < max(draft_min, 1):
+                        declined = name if name != "none" else None
                         name, prop = "none", EMPTY
                 t_verify = time.perf_counter()
                 n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match)
@@ -220,6 +222,8 @@ class Engine:
                 st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
                 st.record_pass(name, k_used, n_acc)
                 policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
+                if declined is not None:
+                    policy.observe_declined(declined, t_verify - t_step)
                 policy.observe_tokens(new)
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc

@@ -35,6 +35,10 @@ class Policy:
     def observe_tokens(self, tokens: list[int]) -> None:
         """The tokens the last step produced (accepted drafts and the target's own)."""
 
+    def observe_declined(self, name: str, draft_s: float) -> None:
+        """The drafter chosen for the last step ran but proposed too little to verify (the draft
+        model's first token fell under --draft-p-min): it cost ``draft_s`` and gave nothing."""
+
     def prefill(self, tokens: list[int]) -> None:
         for d in self.drafters:
             d.prefill(tokens)
@@ -279,6 +283,16 @@ class AutoPolicy(Policy):
         while m < known and prop[m] == tokens[m]:
             m += 1
         self._acc(key).update(min(m + 1, known), m)
+
+    def observe_declined(self, name: str, draft_s: float) -> None:
+        """A draft attempt that proposed nothing is, for the step, a draft rejected at its first
+        position that still cost a draft step (and its catch-up). Counted that way; before, it
+        was counted as plain decoding, so on open-ended text, where the draft model is rarely
+        sure, auto kept choosing a drafter that paid only when it proposed (story: 0.92x)."""
+        if name != "draft":
+            return
+        self._acc("draft").update(1, 0)
+        self.costs.observe_draft(1, draft_s)
 
     def _backoff(self, name: str) -> None:
         self._since[name] = 0
