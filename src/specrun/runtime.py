@@ -414,7 +414,8 @@ class Model:
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = _load_progress
-        keep = _avoid_amx(self.path, mparams, opts.n_gpu_layers) if not opts.vocab_only else None
+        # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
+        self._buft_overrides = _avoid_amx(self.path, mparams, opts.n_gpu_layers) if not opts.vocab_only else None
         global _log_capture
         t0 = time.perf_counter()
         _log_capture = []
@@ -422,7 +423,6 @@ class Model:
             with deferred_signals():
                 self._load(mparams, opts)
         finally:
-            del keep
             self.load_report = _parse_load_log(_log_capture)
             _log_capture = None
         self.load_seconds = time.perf_counter() - t0
