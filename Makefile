@@ -13,7 +13,7 @@ LLAMA_CPP_PIN := llama-cpp-python==0.3.36
 # target pass over K+1 drafted rows summed in a different order than one-token decoding and greedy
 # output could differ from the target's own at near-ties (logits ~1e-2 apart). Without it every
 # batch size takes ggml's own kernels and batched logits equal one-at-a-time logits bit for bit,
-# at the same speed on CPU (DEVELOPERS.md).
+# at the same speed on CPU (README.md, "Install it your way").
 LLAMA_CMAKE := -DGGML_LLAMAFILE=OFF
 ifeq ($(GPU),cuda)
   CMAKE_ARGS := $(LLAMA_CMAKE) -DGGML_CUDA=on
