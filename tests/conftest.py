@@ -78,3 +78,11 @@ def gemma_draft(model_path):
 @pytest.fixture(scope="session")
 def pairs(smol_target, smol_draft, gemma_target, gemma_draft):
     return {"smollm2": (smol_target, smol_draft), "gemma3": (gemma_target, gemma_draft)}
+
+
+def assert_same_as_target(got, want, label: str) -> None:
+    """A speculative run said exactly what the target alone said, in no more target passes."""
+    assert got.tokens == want.tokens, f"{label} diverged"
+    assert got.text == want.text
+    assert got.finish_reason == want.finish_reason
+    assert got.stats.target_passes <= want.stats.target_passes

@@ -247,16 +247,21 @@ def real_q4_1(model_path) -> Path:  # type: ignore[no-untyped-def]
     return model_path(SMOL_Q4_1)
 
 
+def derive_toml(src: Path, name: str, quant: str) -> str:
+    """A user models.toml: ``src`` by path and ``name`` derived from it by re-quantizing."""
+    return f"""
+[models.src]
+path = "{src}"
+
+[models.{name}]
+derive = {{ from = "src", quant = "{quant}" }}
+"""
+
+
 @pytest.mark.models
 @pytest.mark.parametrize("disk", ["full", "fsize"])
 def test_derive_on_a_failing_disk(tmp_path: Path, real_q4_1: Path, disk: str) -> None:
-    env = clean_env(tmp_path, f"""
-[models.src]
-path = "{real_q4_1}"
-
-[models.src-q4_0]
-derive = {{ from = "src", quant = "Q4_0" }}
-""")
+    env = clean_env(tmp_path, derive_toml(real_q4_1, "src-q4_0", "Q4_0"))
     store = tmp_path / "home" / "models"
     before = {"src-q4_0.gguf": OLD, "keep.gguf": KEEP}
     p, after = run_on_disk(disk, store, before, [SPECRUN, "models", "pull", "src-q4_0", "--force"],
@@ -317,13 +322,7 @@ def terminate(proc: subprocess.Popen) -> tuple[bytes, bytes, float]:  # type: ig
 @pytest.mark.models
 def test_sigterm_during_derive_cleans_up(tmp_path: Path, real_q4_1: Path) -> None:
     """SIGTERM while llama.cpp writes the re-quantized file (F32: 540 MB, a few seconds here)."""
-    env = clean_env(tmp_path, f"""
-[models.src]
-path = "{real_q4_1}"
-
-[models.src-f32]
-derive = {{ from = "src", quant = "F32" }}
-""")
+    env = clean_env(tmp_path, derive_toml(real_q4_1, "src-f32", "F32"))
     store = tmp_path / "home" / "models"
 
     def writing() -> list[Path]:

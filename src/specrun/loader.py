@@ -89,26 +89,26 @@ class ModelOptions:
         type_k = (self.cache_type_k_draft or self.cache_type_k) if draft else self.cache_type_k
         type_v = (self.cache_type_v_draft or self.cache_type_v) if draft else self.cache_type_v
         ngl = self.ngl_draft if draft else self.ngl
+        type_v_id = cache_type_id(type_v, "--cache-type-v")
         return LoadOptions(
             n_ctx=ctx,
             n_gpu_layers=ngl,
             n_threads=(self.threads_draft or self.threads) if draft else self.threads,
             n_batch=min(self.batch, ctx),
-            flash_attn=self._flash_attn(ngl, type_v),
+            flash_attn=self._flash_attn(ngl, type_v_id),
             type_k=cache_type_id(type_k, "--cache-type-k"),
-            type_v=cache_type_id(type_v, "--cache-type-v"),
+            type_v=type_v_id,
             n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
         )
 
-    def _flash_attn(self, ngl: int, type_v: str) -> bool | None:
+    def _flash_attn(self, ngl: int, type_v: int) -> bool | None:
         """--flash-attn on/off as given; auto as runtime.auto_flash_attn decides (off on the CPU)."""
         flag = self.flash_attn_flag
         if flag is not None:
             return flag
-        from .memory import cache_type_id
         from .runtime import auto_flash_attn
 
-        return auto_flash_attn(ngl, cache_type_id(type_v, "--cache-type-v"))
+        return auto_flash_attn(ngl, type_v)
 
     def spec_config(self, pair_draft_max: int | None) -> SpecConfig:
         return SpecConfig(

@@ -214,19 +214,17 @@ class AutoPolicy(Policy):
         best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
-        lookup_s = 0.0
         if self.lookup is not None:
             prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
             if len(prop):
                 lookup_prop, lookup_key = prop, self._lookup_key()
-                k, lookup_s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop))
-                if k and lookup_s > best[0]:
-                    best = (lookup_s, lookup_key, k, Proposal(prop.tokens[:k], None))
-        draft_s = 0.0
+                k, s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop))
+                if k and s > best[0]:
+                    best = (s, lookup_key, k, Proposal(prop.tokens[:k], None))
         if self.model is not None:
-            k, draft_s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
-            if k and draft_s > best[0]:
-                best = (draft_s, "draft", k, None)
+            k, s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
+            if k and s > best[0]:
+                best = (s, "draft", k, None)
 
         s, key, k, prop_ready = best
         self._rival_s = s
@@ -250,7 +248,7 @@ class AutoPolicy(Policy):
             # (Not while the draft model runs: there lookup's short matches looked as good as
             # the draft on code, and trading the draft for them lost more in the draft's
             # catch-up than the estimates said: auto 1.13x vs 1.18x on a code prompt.)
-            self._declined = (lookup_key, list(lookup_prop.tokens))
+            self._declined = (lookup_key, lookup_prop.tokens)
         self.last_choice = (key, k, s)
         self._key = key
         self._probing = key != best[1]
