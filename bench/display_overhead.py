@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or physical_cores()
     reg = Registry.load()
     target = Model(reg.ensure(TARGET), LoadOptions(n_ctx=1024, n_threads=threads))
-    draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=1024, n_threads=threads))
+    draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=1024, n_threads=threads, amx_rows=True))
     engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=4))
     prompt = chat_tokens(target, target.chat_template() or "", [{"role": "user", "content": PROMPT}])
     devnull = open(os.devnull, "w")  # noqa: SIM115

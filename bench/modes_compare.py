@@ -62,7 +62,7 @@ def main() -> None:
     reg = Registry.load()
     pair = reg.pair("smollm2-135m")
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
-    draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads))
+    draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True))
     engines = {
         (m, k): Engine(target, None if m in ("none", "lookup") else draft,
                        SpecConfig(mode=m, draft_max=k or 4, draft_p_min=a.p_min))

@@ -15,6 +15,7 @@ Greedy outputs are compared token by token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -47,7 +48,7 @@ def main() -> int:
     pair = reg.pair(args.pair)
     tpath, dpath = reg.ensure(pair.target), reg.ensure(pair.draft)
     lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
-    target, draft = Model(tpath, lo), Model(dpath, lo)
+    target, draft = Model(tpath, lo), Model(dpath, dataclasses.replace(lo, amx_rows=True))
     text = Path(args.prompt_file).read_text()
     tmpl = target.chat_template()
     tokens = chat_tokens(target, tmpl, [{"role": "user", "content": text}]) if tmpl else target.tokenize(text)

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or physical_cores()
     reg = Registry.load()
     target = Model(reg.ensure(TARGET), LoadOptions(n_ctx=2048, n_threads=threads))
-    draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=2048, n_threads=threads))
+    draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=2048, n_threads=threads, amx_rows=True))
     engines = {
         name: Engine(target, draft if cfg.mode == "draft" else None, cfg) for name, cfg in CONFIGS.items()
     }

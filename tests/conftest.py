@@ -41,10 +41,11 @@ def model_path(registry):
     return get
 
 
-def _load(path: Path, n_ctx: int = 2048):
+def _load(path: Path, n_ctx: int = 2048, draft: bool = False):
     from specrun.runtime import LoadOptions, Model
 
-    return Model(path, LoadOptions(n_ctx=n_ctx, n_threads=THREADS))
+    # Drafts as the command line loads them (on a CPU with AMX: one row per decode).
+    return Model(path, LoadOptions(n_ctx=n_ctx, n_threads=THREADS, amx_rows=draft))
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +57,7 @@ def smol_target(model_path):
 
 @pytest.fixture(scope="session")
 def smol_draft(model_path):
-    m = _load(model_path(SMOL_DRAFT))
+    m = _load(model_path(SMOL_DRAFT), draft=True)
     yield m
     m.close()
 
@@ -70,7 +71,7 @@ def gemma_target(model_path):
 
 @pytest.fixture(scope="session")
 def gemma_draft(model_path):
-    m = _load(model_path(GEMMA_DRAFT))
+    m = _load(model_path(GEMMA_DRAFT), draft=True)
     yield m
     m.close()
 

@@ -237,7 +237,7 @@ def test_context_end(model_path, pair_name):
     names = {"smollm2": (SMOL_TARGET, SMOL_DRAFT), "gemma3": (GEMMA_TARGET, GEMMA_DRAFT)}[pair_name]
     n_ctx = 96
     with Model(model_path(names[0]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as target, \
-         Model(model_path(names[1]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as draft:
+         Model(model_path(names[1]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS, amx_rows=True)) as draft:
         n_ctx = target.n_ctx  # llama.cpp may round the context up
         toks = (target.tokenize(PROMPTS["list"], add_special=True) * 64)[: n_ctx - 24]
         want = Engine(target, None, SpecConfig(mode="none")).run(toks, max_tokens=500, reuse_cache=False)

@@ -125,12 +125,15 @@ class FakeDraftModel:
 
     def __init__(self):
         self.proposed = []
+        self.windows = []
+        self.last_catch_up = (1, 0.0)
 
     def prefill(self, tokens):
         return 0
 
-    def propose(self, tokens, k, params, rng, greedy_draft):
+    def propose(self, tokens, k, params, rng, greedy_draft, window=None):
         self.proposed.append(k)
+        self.windows.append(window)
         return Proposal([1] * k, None)
 
     def rollback(self, valid_len):
@@ -282,7 +285,7 @@ class ShyDraftModel(FakeDraftModel):
         super().__init__()
         self.rng = rng
 
-    def propose(self, tokens, k, params, rng, greedy_draft):
+    def propose(self, tokens, k, params, rng, greedy_draft, window=None):
         self.proposed.append(k)
         return Proposal([1] * k if self.rng.random() < 0.1 else [], None)
 
@@ -306,3 +309,30 @@ def test_auto_counts_draft_attempts_that_propose_nothing():
             policy.observe(name, k, k, draft_s, t1 * (1 + 0.1 * k))
         attempts.append(name == "draft")
     assert sum(attempts[200:]) <= 200 / 8, sum(attempts[200:])
+
+
+def test_draft_probes_cap_their_catch_up_and_chosen_drafts_do_not():
+    """A probe of the draft model after a stretch without it catches up on PROBE_WINDOW tokens at
+    most (a full catch-up costs a draft row per token generated meanwhile, which on open-ended
+    text made auto slower than the target); a draft chosen because it pays catches up fully."""
+    rng = np.random.default_rng(11)
+    model = FakeDraftModel()
+    policy = AutoPolicy(8, None, model)
+    drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    probes = model.windows[-4:]  # the first drafts are chosen (the prior pays); then probes
+    assert probes and all(w == AutoPolicy.PROBE_WINDOW for w in probes)
+    model.windows.clear()
+    drive(policy, 600, accept_rate=0.95, draft_step_s=0.001, t1=0.016, slope=0.05, rng=rng)
+    assert model.windows[-50:] == [None] * 50
+
+
+def test_a_long_catch_up_is_not_the_drafts_price():
+    """The draft's cost per step excludes a catch-up beyond its first row: one long catch-up
+    (the draft back after plain decoding) must not make the draft look slow for many steps."""
+    model = FakeDraftModel()
+    policy = AutoPolicy(4, None, model)
+    policy.costs.observe_verify(1, 0.02)
+    policy.draft([0] * 10, 4, SamplingParams(), np.random.default_rng(0), True)
+    model.last_catch_up = (40, 0.2)  # 40 rows at 5 ms
+    policy.observe("draft", 4, 4, 0.2 + 3 * 0.005, 0.03)
+    assert policy.costs.draft_step == pytest.approx((0.005 + 3 * 0.005) / 4)

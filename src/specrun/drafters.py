@@ -7,6 +7,7 @@ returns up to ``k`` tokens and, for a stochastic drafter, the distribution each 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,14 +50,23 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
 
+SKIPPED = -1  # a token the draft cache skipped (see DraftModel.propose's ``window``)
+
+
 class DraftModel:
     """A small model with its own KV cache.
 
-    Invariant: the draft cache holds exactly ``tokens[:n_cached]`` of the engine's token list, and
-    before proposing it evaluates ``tokens[n_cached:]`` in one batch (normally just the last token;
-    two when the previous draft was accepted whole, since the draft never evaluated its own last
-    proposal; more after another drafter's tokens were accepted). Accepted history is never
-    re-decoded.
+    Invariant: the draft cache holds ``tokens[:n_cached]`` of the engine's token list (less any
+    skipped stretch, below), and before proposing it evaluates ``tokens[n_cached:]`` in one batch
+    (normally just the last token; two when the previous draft was accepted whole, since the
+    draft never evaluated its own last proposal; more after another drafter's tokens were
+    accepted, or plain decoding). Accepted history is never re-decoded.
+
+    Catching up costs a draft row per token the draft has not seen. A probe after a long stretch
+    without the draft can cap that (``window``): it skips all but the last ``window`` tokens,
+    which then sit in the cache right after what it already held. Positions in the draft cache
+    are therefore its own (``_pos``), not token indices; the draft only proposes, and the target
+    verifies every token, so a skipped stretch costs acceptance at most, never exactness.
     """
 
     name = "draft"
@@ -65,40 +75,68 @@ class DraftModel:
         self.model = model
         self.p_min = p_min
         self.n_cached = 0
-        self._cached: list[int] = []  # mirror of the cache content, for prefix reuse
+        self._cached: list[int] = []  # mirror of the cache content (SKIPPED: not in it)
+        self._pos: list[int] = []  # the cache position of each token of _cached (-1: skipped)
+        self.skipped = 0  # tokens skipped by windowed catch-ups (stats, tests)
+        self.last_catch_up: tuple[int, float] = (0, 0.0)  # rows and seconds of the last catch-up
 
     def reset(self) -> None:
         self.model.clear()
         self.n_cached = 0
         self._cached = []
+        self._pos = []
+
+    def _next_pos(self, upto: int) -> int:
+        """Cache position right after the last token held among ``tokens[:upto]``."""
+        pos = self._pos
+        i = min(upto, len(pos)) - 1
+        while i >= 0 and pos[i] < 0:
+            i -= 1
+        return pos[i] + 1 if i >= 0 else 0
+
+    def _append(self, toks: list[int], logits_from: int | None) -> None:
+        p0 = self._next_pos(self.n_cached)
+        self.model.decode(toks, p0, logits_from=logits_from)
+        self._cached.extend(toks)
+        self._pos.extend(range(p0, p0 + len(toks)))
+        self.n_cached += len(toks)
+
+    def _cut(self, valid_len: int) -> None:
+        """Keep ``tokens[:valid_len]`` (what of it the cache holds)."""
+        self.model.truncate(self._next_pos(valid_len))
+        self.n_cached = valid_len
+        del self._cached[valid_len:]
+        del self._pos[valid_len:]
 
     def prefill(self, tokens: list[int]) -> int:
         keep = min(_common_prefix(self._cached, tokens), len(tokens) - 1)
         if keep < self.n_cached:
-            self.model.truncate(keep)
+            self._cut(keep)
         todo = tokens[keep:-1]
-        self.model.decode(todo, keep)
-        self.n_cached = len(tokens) - 1
-        self._cached = list(tokens[:-1])
+        self._append(todo, None)
         return len(todo)
-
-    def room(self, n_tokens: int) -> int:
-        """Longest draft the context still holds after ``n_tokens`` tokens."""
-        return max(0, self.model.n_ctx - n_tokens + 1)
 
     def propose(
         self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
-        greedy_draft: bool,
+        greedy_draft: bool, window: int | None = None,
     ) -> Proposal:
+        """Up to ``k`` tokens after ``tokens``. ``window``: catch up on at most that many of the
+        tokens the draft has not seen (the last ones), skipping the rest."""
         k = min(k, self.room(len(tokens)))
         if k <= 0:
             return EMPTY
         m = self.model
         base = len(tokens)
+        if window is not None and base - self.n_cached > max(window, 1):
+            gap = base - max(window, 1) - self.n_cached
+            self._cached.extend([SKIPPED] * gap)
+            self._pos.extend([-1] * gap)
+            self.n_cached += gap
+            self.skipped += gap
         catch_up = tokens[self.n_cached:]
-        m.decode(catch_up, self.n_cached, logits_from=len(catch_up) - 1)
-        self._cached.extend(catch_up)
-        self.n_cached = base
+        t0 = time.perf_counter()
+        self._append(catch_up, len(catch_up) - 1)
+        self.last_catch_up = (len(catch_up), time.perf_counter() - t0)
         out: list[int] = []
         dists: list[S.Dist] | None = None if greedy_draft else []
         while True:
@@ -117,16 +155,17 @@ class DraftModel:
             out.append(tok)
             if len(out) >= k:
                 break
-            m.decode((tok,), self.n_cached, logits_from=0)
-            self._cached.append(tok)
-            self.n_cached += 1
+            self._append([tok], 0)
         return Proposal(out, dists)
+
+    def room(self, n_tokens: int) -> int:
+        """Longest draft the context still holds after ``n_tokens`` tokens."""
+        held = self._next_pos(self.n_cached) + (n_tokens - self.n_cached)
+        return max(0, self.model.n_ctx - held + 1)
 
     def rollback(self, valid_len: int) -> None:
         if self.n_cached > valid_len:
-            self.model.truncate(valid_len)
-            self.n_cached = valid_len
-            del self._cached[valid_len:]
+            self._cut(valid_len)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -99,6 +99,7 @@ class ModelOptions:
             type_k=cache_type_id(type_k, "--cache-type-k"),
             type_v=type_v_id,
             n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
+            amx_rows=draft,  # a draft decodes one token at a time: AMX's fast single-row kernel
         )
 
     def _flash_attn(self, ngl: int, type_v: int) -> bool | None:

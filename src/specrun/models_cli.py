@@ -7,6 +7,8 @@ one line by cli.main.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -381,7 +383,7 @@ def check_pair(
                 t = Model(target.path, opts, verbose=verbose)
                 loaded.append(t)
             validate_gguf(draft.path)
-            d = Model(draft.path, opts, verbose=verbose)
+            d = Model(draft.path, dataclasses.replace(opts, amx_rows=True), verbose=verbose)
             loaded.append(d)
             problems = compatibility(t, d)
             result = None

@@ -178,6 +178,11 @@ class AutoPolicy(Policy):
     PRIOR_ACCEPT = {"draft": 0.6, "lookup": 0.5}
     MARGIN = 1.03  # speculate only when it is predicted to pay at least this much
     PROBE_MIN, PROBE_MAX = 8, 128
+    # A draft-model probe catches up on at most this many of the tokens it has not seen (the
+    # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
+    # generated since the draft last ran, whatever the backoff, and on open-ended text, where
+    # the draft never pays, that alone made auto slower than the target: 13 probes cost 0.6 s.
+    PROBE_WINDOW = 8
 
     def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
         self.draft_max = draft_max
@@ -228,6 +233,7 @@ class AutoPolicy(Policy):
 
         s, key, k, prop_ready = best
         self._rival_s = s
+        window = None
         self._declined = None
         # Re-probing. An estimate only moves when its drafter runs, so one that is not chosen
         # (it does not pay, or pays less than another) is tried now and then, with a backoff:
@@ -243,6 +249,7 @@ class AutoPolicy(Policy):
               and self._since["draft"] >= self._probe_every["draft"]):
             self._backoff("draft")
             key, k, s = "draft", min(2, k_cap), 0.0
+            window = self.PROBE_WINDOW
         if lookup_prop is not None and key == "none":
             # What lookup offered but did not get: checked against what plain decoding produces.
             # (Not while the draft model runs: there lookup's short matches looked as good as
@@ -264,7 +271,14 @@ class AutoPolicy(Policy):
             # Positions past the chosen K are only learnt by drafting them: after a draft that
             # was accepted whole, draft one more (as adaptive-K heuristics do).
             k = min(k + 1, k_cap)
-        return "draft", self.model.propose(tokens, k, params, rng, greedy_draft)
+        return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
+
+    def _draft_step_s(self, draft_s: float) -> float:
+        """The draft's time for the step less a long catch-up beyond its first row: a draft step
+        costs one decode per drafted token (the catch-up's last row is the first of them), and
+        a catch-up after a stretch without the draft is a one-off, not the draft's price."""
+        rows, secs = self.model.last_catch_up if self.model is not None else (0, 0.0)
+        return draft_s - secs * (rows - 1) / rows if rows > 1 else draft_s
 
     def observe_tokens(self, tokens: list[int]) -> None:
         """Free evidence for a declined lookup proposal: the step's tokens say how much of it
@@ -290,7 +304,7 @@ class AutoPolicy(Policy):
         if name != "draft":
             return
         self._acc("draft").update(1, 0)
-        self.costs.observe_draft(1, draft_s)
+        self.costs.observe_draft(1, self._draft_step_s(draft_s))
 
     def _backoff(self, name: str) -> None:
         self._since[name] = 0
@@ -308,7 +322,7 @@ class AutoPolicy(Policy):
         acc = self._acc(key)
         acc.update(k, n_accepted)
         if name == "draft":
-            self.costs.observe_draft(k, draft_s)
+            self.costs.observe_draft(k, self._draft_step_s(draft_s))
         # A fully accepted draft re-probes at once (a burst that quickly corrects a stale,
         # pessimistic estimate); one that would have paid resets the backoff.
         if n_accepted == k:

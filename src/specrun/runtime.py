@@ -49,6 +49,8 @@ def _parse_load_log(lines: list[str]) -> dict[str, Any]:
         m = re.search(r"(\S+)\s+(model|KV|output|compute) buffer size\s*=\s*([\d.]+) MiB", line)
         if m:
             key = m.group(2).lower()
+            if key == "model":
+                out.setdefault("weight_buffers", []).append(m.group(1))
             mib[key] = mib.get(key, 0.0) + float(m.group(3))
             if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64", "AMX") and "Host" not in m.group(1):
                 mib[key + "_device"] = mib.get(key + "_device", 0.0) + float(m.group(3))
@@ -230,7 +232,7 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int) -> Any:
+def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int, amx_rows: bool = False) -> Any:
     """Keep weights out of llama.cpp's AMX buffers; returns what must outlive the load.
 
     On CPUs with AMX (Sapphire Rapids and later) llama.cpp puts quantized weights in AMX buffers,
@@ -239,10 +241,12 @@ def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int) -> Any:
     speculation decodes batches every step. Extra buffer types are turned off, and the layer
     matrices that the CPU backend's own repacking takes (Q4_0 and Q4_K with rows in eights, on
     x86 with AVX2) are put back in CPU_REPACK by name, so the draft keeps that speed-up.
-    SPECRUN_ALLOW_AMX=1 leaves llama.cpp's choice alone (for a llama.cpp where this is fixed).
+    SPECRUN_ALLOW_AMX=1 leaves llama.cpp's choice alone (for a llama.cpp where this is fixed), and
+    so does ``amx_rows`` (LoadOptions): the model then decodes one row at a time, which AMX's
+    single-row kernel (AVX512-VNNI, no tiles) does soundly.
     """
     bufts = cpu_extra_buffer_types()
-    if "AMX" not in bufts or os.environ.get(AMX_OPT_IN) == "1":
+    if "AMX" not in bufts or os.environ.get(AMX_OPT_IN) == "1" or amx_rows:
         return None
     mparams.use_extra_bufts = False
     repack = bufts.get("CPU_REPACK")
@@ -336,6 +340,11 @@ class LoadOptions:
     type_k: int | None = None
     type_v: int | None = None
     vocab_only: bool = False  # the vocabulary alone: no weights, no context (fast; facts only)
+    # On a CPU with AMX: keep llama.cpp's AMX weight buffers and decode one row per llama_decode
+    # (AMX's single-row kernel is sound and ~2x faster than the alternatives; its batch kernel
+    # crashes, see _avoid_amx). For a draft model, which decodes one token at a time; a target
+    # verifies batches and keeps the default (weights out of AMX, batches decoded whole).
+    amx_rows: bool = False
     n_outputs_max: int = 0  # most rows of logits in one decode (0 = n_batch, llama.cpp's default)
     check_tensors: bool = False
 
@@ -387,6 +396,7 @@ class Model:
     n_outputs_max: int
     llama_seconds: float  # wall time spent inside llama_decode, cumulative
     can_truncate: bool
+    single_rows: bool  # every decode one row at a time (LoadOptions.amx_rows took effect)
     load_report: dict[str, Any]
     _vocab: Any
     _mem: Any
@@ -415,7 +425,9 @@ class Model:
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = _load_progress
         # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
-        self._buft_overrides = _avoid_amx(self.path, mparams, opts.n_gpu_layers) if not opts.vocab_only else None
+        self._buft_overrides = (
+            _avoid_amx(self.path, mparams, opts.n_gpu_layers, opts.amx_rows) if not opts.vocab_only else None
+        )
         global _log_capture
         t0 = time.perf_counter()
         _log_capture = []
@@ -426,6 +438,12 @@ class Model:
             self.load_report = _parse_load_log(_log_capture)
             _log_capture = None
         self.load_seconds = time.perf_counter() - t0
+        # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on: every decode
+        # goes one row at a time (see LoadOptions.amx_rows).
+        self.single_rows = (
+            opts.amx_rows and os.environ.get(AMX_OPT_IN) != "1"
+            and "AMX" in self.load_report.get("weight_buffers", ())
+        )
 
     def _load(self, mparams: Any, opts: LoadOptions) -> None:
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -535,6 +553,7 @@ class Model:
             "type_v": rep.get("type_v"),
             "gpu_layers": rep.get("gpu_layers", 0),
             "buffers_mib": dict(rep.get("buffers_mib", {})),
+            "single_row_decode": self.single_rows,
         }
 
     def vocab_facts(self) -> VocabFacts:
@@ -633,6 +652,9 @@ class Model:
             return
         if pos0 + n > self.n_ctx:
             raise SpecrunError(f"context full: {pos0 + n} tokens > n_ctx {self.n_ctx}")
+        if self.single_rows and n > 1:
+            self._decode_rows(tokens, pos0, logits_from)
+            return
         start = 0
         while start < n:
             m = min(self.n_batch, n - start)
@@ -678,6 +700,25 @@ class Model:
                 buf = arr_t.from_address(ctypes.addressof(base.contents))
                 rows = np.frombuffer(memoryview(buf), dtype=np.float32)
                 self._out = rows.reshape(n_out, self.n_vocab)
+
+    def _decode_rows(self, tokens: Sequence[int], pos0: int, logits_from: int | None) -> None:
+        """``decode`` one row per llama_decode (``single_rows``); the rows asked for keep their
+        logits (copied out when more than one, the last one a view as usual)."""
+        n = len(tokens)
+        first = n if logits_from is None else logits_from
+        if n - first > self.n_outputs_max:
+            raise SpecrunError(
+                f"{n - first} rows of logits asked for, the context keeps at most {self.n_outputs_max}"
+            )
+        kept = np.empty((n - first, self.n_vocab), dtype=np.float32) if n - first > 1 else None
+        for i, tok in enumerate(tokens):
+            self.decode((tok,), pos0 + i, 0 if i >= first else None)
+            if kept is not None and i >= first:
+                kept[i - first] = self.logits(0)
+        if kept is not None:
+            self._out = kept
+        self._out_first = first
+        self._n_rows = n
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of ``row`` of the last decoded chunk (negative: from the end): a float32 view,

@@ -1,0 +1,64 @@
+"""DraftModel's windowed catch-up: a probe after a long stretch without the draft model decodes
+only the last few unseen tokens; the draft cache then holds a skipped stretch, and its own
+positions stay consecutive (llama.cpp refuses a batch that does not follow the cached positions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specrun.drafters import DraftModel
+from specrun.sampling import SamplingParams
+
+GREEDY = SamplingParams(temp=0.0, seed=0)
+
+
+def _tokens(m):
+    text = ("def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+            "    return a\n\n\ndef fact(n):\n    out = 1\n    for i in range(2, n + 1):\n")
+    return m.tokenize(text, add_special=True)
+
+
+def test_windowed_catch_up_skips_all_but_the_last_tokens(smol_draft):
+    d = DraftModel(smol_draft)
+    d.reset()
+    toks = _tokens(smol_draft)
+    assert len(toks) > 40
+    rng = np.random.default_rng(0)
+    d.prefill(toks[:12])
+    prop = d.propose(toks, 3, GREEDY, rng, True, window=8)
+    assert len(prop) == 3
+    assert d.skipped == len(toks) - 8 - 11  # 11 cached by the prefill, 8 caught up
+    # The cache positions stay consecutive: 11 + 8 + 2 drafted tokens evaluated.
+    assert d._next_pos(d.n_cached) == 11 + 8 + 2
+    # Roll back to the accepted prefix and go on drafting: llama.cpp accepts the positions.
+    d.rollback(len(toks))
+    more = toks + prop.tokens[:1]
+    assert len(d.propose(more, 4, GREEDY, rng, True)) == 4
+    d.rollback(len(more))
+    assert d._next_pos(d.n_cached) == 11 + 8 + 1
+    # Rolling back into the skipped stretch keeps what was cached before it.
+    d.rollback(20)
+    assert d._next_pos(d.n_cached) == 11
+    d.reset()
+
+
+def test_a_new_turn_re_decodes_from_the_skipped_stretch(smol_draft):
+    """Prefix reuse (chat) stops at a skipped stretch: after the next prefill the cache is the
+    full history again, and the draft proposes what a fresh draft cache proposes."""
+    toks = _tokens(smol_draft)
+    rng = np.random.default_rng(0)
+    d = DraftModel(smol_draft)
+    d.reset()
+    d.prefill(toks[:12])
+    d.propose(toks[:-10], 2, GREEDY, rng, True, window=4)
+    assert d.skipped > 0
+    d.rollback(len(toks) - 10)
+    assert d.prefill(toks) == len(toks) - 1 - 11  # re-decoded from the start of the skipped stretch
+    got = d.propose(toks, 4, GREEDY, rng, True).tokens
+
+    d.reset()
+    d.prefill(toks)
+    want = d.propose(toks, 4, GREEDY, rng, True).tokens
+    assert got == want
+    d.reset()
