@@ -311,10 +311,10 @@ def test_auto_counts_draft_attempts_that_propose_nothing():
     assert sum(attempts[200:]) <= 200 / 8, sum(attempts[200:])
 
 
-def test_draft_probes_cap_their_catch_up_and_chosen_drafts_do_not():
+def test_draft_catch_ups_are_capped():
     """A probe of the draft model after a stretch without it catches up on PROBE_WINDOW tokens at
     most (a full catch-up costs a draft row per token generated meanwhile, which on open-ended
-    text made auto slower than the target); a draft chosen because it pays catches up fully."""
+    text made auto slower than the target); a draft chosen because it pays, on CATCH_UP_WINDOW."""
     rng = np.random.default_rng(11)
     model = FakeDraftModel()
     policy = AutoPolicy(8, None, model)
@@ -323,7 +323,7 @@ def test_draft_probes_cap_their_catch_up_and_chosen_drafts_do_not():
     assert probes and all(w == AutoPolicy.PROBE_WINDOW for w in probes)
     model.windows.clear()
     drive(policy, 600, accept_rate=0.95, draft_step_s=0.001, t1=0.016, slope=0.05, rng=rng)
-    assert model.windows[-50:] == [None] * 50
+    assert model.windows[-50:] == [AutoPolicy.CATCH_UP_WINDOW] * 50
 
 
 def test_a_long_catch_up_is_not_the_drafts_price():
@@ -336,3 +336,33 @@ def test_a_long_catch_up_is_not_the_drafts_price():
     model.last_catch_up = (40, 0.2)  # 40 rows at 5 ms
     policy.observe("draft", 4, 4, 0.2 + 3 * 0.005, 0.03)
     assert policy.costs.draft_step == pytest.approx((0.005 + 3 * 0.005) / 4)
+
+
+def test_reset_starts_cold():
+    """Engine.reset (a new, unrelated text) forgets the estimates: a story's hopeless draft
+    estimate must not keep auto from drafting on the code that comes next."""
+    rng = np.random.default_rng(12)
+    policy = AutoPolicy(8, None, FakeDraftModel())
+    fresh = policy._acc("draft").estimate()
+    drive(policy, 300, accept_rate=0.02, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    assert policy._acc("draft").estimate()[0] < 0.2 and policy._probe_every["draft"] > AutoPolicy.PROBE_MIN
+    policy.reset()
+    assert policy._acc("draft").estimate() == fresh
+    assert policy._probe_every["draft"] == AutoPolicy.PROBE_MIN and policy.costs.draft_step is None
+    assert policy.draft([0] * 10, 8, SamplingParams(), rng, True)[0] == "draft"
+
+
+def test_a_probe_that_gets_nothing_ends_a_burst():
+    """After a fully accepted probe auto probes again at once (a burst); a probe that then
+    proposes nothing (or is rejected at once) ends the burst instead of halving the wait."""
+    rng = np.random.default_rng(13)
+    model = FakeDraftModel()
+    policy = AutoPolicy(8, None, model)
+    drive(policy, 200, accept_rate=0.02, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    policy._probe_every["draft"] = 1  # as after a fully accepted probe
+    policy._since["draft"] = 1
+    name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+    assert name == "draft" and policy._probing
+    policy.observe("none", 0, 0, 0.0, 0.016)
+    policy.observe_declined("draft", 0.004)
+    assert policy._probe_every["draft"] >= AutoPolicy.PROBE_MIN
