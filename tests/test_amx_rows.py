@@ -43,7 +43,7 @@ def test_split_decode_keeps_every_row_asked_for(smol_draft, monkeypatch):
         if i >= n - 3:
             want.append(m.logits(0).copy())
     m.decode([toks[0]], n, logits_from=0)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert np.array_equal(g, w)
     assert np.array_equal(after, m.logits(0))  # the cache held the same n tokens
     m.clear()

@@ -8,7 +8,6 @@ one line by cli.main.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import sys
 from collections.abc import Callable, Iterator
