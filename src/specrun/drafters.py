@@ -85,6 +85,7 @@ class DraftModel:
         self.n_cached = 0
         self._cached = []
         self._pos = []
+        self.last_catch_up = (0, 0.0)
 
     def _next_pos(self, upto: int) -> int:
         """Cache position right after the last token held among ``tokens[:upto]``."""
