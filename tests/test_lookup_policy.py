@@ -122,6 +122,7 @@ class FakeDraftModel:
     """Stands in for the draft model: proposes k tokens and reports a synthetic cost."""
 
     name = "draft"
+    p_min = 0.0
 
     def __init__(self):
         self.proposed = []
@@ -281,6 +282,8 @@ class ShyDraftModel(FakeDraftModel):
     """A draft model that is rarely sure: most attempts stop under --draft-p-min and propose
     nothing, though what it does propose is always right."""
 
+    p_min = 0.6
+
     def __init__(self, rng):
         super().__init__()
         self.rng = rng
@@ -366,3 +369,48 @@ def test_a_probe_that_gets_nothing_ends_a_burst():
     policy.observe("none", 0, 0, 0.0, 0.016)
     policy.observe_declined("draft", 0.004)
     assert policy._probe_every["draft"] >= AutoPolicy.PROBE_MIN
+
+
+def test_cost_model_prices_a_draft_that_stops_where_unsure():
+    """A draft with a confidence floor proposes j < K tokens with probability go^j (1 - go):
+    K = 1 by hand, go = 1 is the plain model, and a mostly-stopping draft does not pay."""
+    v = costmodel.linear_verify_cost(0.2)
+    cum = costmodel.geometric(0.9, 4)
+    c, q = 0.3, 0.7
+    want = (1 + q * cum[0]) / ((1 - q) * (c + v(1)) + q * (c + v(2)))
+    assert costmodel.attempt_speedup(cum, 1, c, v, go=q) == pytest.approx(want)
+    assert costmodel.attempt_speedup(cum, 3, c, v, go=1.0) == pytest.approx(
+        costmodel.predicted_speedup(cum, 3, c, v))
+    # Lengths 0..2 of an attempt of K = 2, enumerated.
+    p = [1 - q, q * (1 - q), q * q]
+    tok = [1, 1 + cum[0], 1 + cum[0] + cum[1]]
+    cost = [c + v(1), 2 * c + v(2), 2 * c + v(3)]
+    want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(a * b for a, b in zip(p, cost, strict=True))
+    assert costmodel.attempt_speedup(cum, 2, c, v, go=q) == pytest.approx(want2)
+    sure = [1.0] * 4
+    assert costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1] < AutoPolicy.MARGIN
+    assert costmodel.best_k(cum, 0.3, costmodel.linear_verify_cost(0.16), 4, go=0.9)[0] >= 3
+
+
+def test_the_targets_confidence_stands_in_for_the_drafts():
+    """Plain steps report whether the target was sure at --draft-p-min; where it mostly was not,
+    auto neither drafts nor probes the draft model (a probe could not find it paying), and where
+    it was, the draft model is chosen again."""
+    rng = np.random.default_rng(14)
+    model = ShyDraftModel(np.random.default_rng(15))
+    policy = AutoPolicy(4, None, model)
+    assert policy.confidence_p() == 0.6
+    policy.costs.observe_verify(1, 0.02)
+    policy.costs.observe_verify(5, 0.033)
+    for _ in range(40):
+        policy.observe_confidence(False)
+    names = []
+    for _ in range(60):
+        name, prop = policy.draft([0] * 10, 4, SamplingParams(), rng, True)
+        names.append(name)
+        policy.observe(name, 0, 0, 0.0, 0.02)
+        policy.observe_confidence(rng.random() < 0.15)
+    assert "draft" not in names and model.proposed == []
+    for _ in range(30):
+        policy.observe_confidence(True)
+    assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "draft"

@@ -9,6 +9,12 @@ Units: time is measured in "target tokens", the cost of one plain target decode 
 - Cost of that pass: ``K * c + V(K + 1)``: K draft steps of relative cost c, plus one target pass
   over K + 1 rows of relative cost V(K + 1) (V(1) = 1).
 - Speed-up over the target alone: the ratio of the two.
+- A draft model with a confidence floor (--draft-p-min) stops drafting where it is unsure: it
+  goes on past each position with probability ``go`` (``best_k(..., go=q)``), so an attempt of
+  K proposes j < K tokens with probability q^j (1 - q), j = 0 being a step that decodes plainly
+  after one draft step. Each length j costs its own draft steps (j + 1, or K when whole) and a
+  pass over j + 1 rows, and yields ``1 + sum(cum_acc[:j])`` tokens; ``per_accepted`` adds a later
+  cost per accepted draft token (a draft model catching up on tokens another drafter proposed).
 """
 
 from __future__ import annotations
@@ -37,13 +43,37 @@ def predicted_speedup(cum_acc: Sequence[float], k: int, c: float, verify_cost: C
     return expected_tokens(cum_acc, k) / pass_cost(k, c, verify_cost)
 
 
+def attempt_speedup(
+    cum_acc: Sequence[float], k: int, c: float, verify_cost: Callable[[int], float],
+    go: float = 1.0, per_accepted: float = 0.0,
+) -> float:
+    """Speed-up of a draft attempt of up to K tokens that goes on past each position with
+    probability ``go`` (see the module's notes)."""
+    if k == 0:
+        return predicted_speedup(cum_acc, k, c, verify_cost)
+    if go >= 1.0:
+        e = expected_tokens(cum_acc, k)
+        return e / (pass_cost(k, c, verify_cost) + per_accepted * (e - 1.0))
+    tokens = cost = 0.0
+    accepted = 0.0  # expected accepted drafts of a proposal of length j
+    for j in range(k + 1):
+        pj = go ** j * ((1.0 - go) if j < k else 1.0)
+        steps = j + 1 if j < k else k
+        tokens += pj * (1.0 + accepted)
+        cost += pj * (c * steps + verify_cost(j + 1) + per_accepted * accepted)
+        if j < k:
+            accepted += cum_acc[j]
+    return tokens / cost
+
+
 def best_k(
-    cum_acc: Sequence[float], c: float, verify_cost: Callable[[int], float], k_max: int
+    cum_acc: Sequence[float], c: float, verify_cost: Callable[[int], float], k_max: int,
+    go: float = 1.0, per_accepted: float = 0.0,
 ) -> tuple[int, float]:
     """The K in 0..k_max with the highest predicted speed-up (K = 0: plain decoding, 1.0)."""
     best = (0, predicted_speedup(cum_acc, 0, c, verify_cost))
     for k in range(1, min(k_max, len(cum_acc)) + 1):
-        s = predicted_speedup(cum_acc, k, c, verify_cost)
+        s = attempt_speedup(cum_acc, k, c, verify_cost, go, per_accepted)
         if s > best[1] + 1e-9:
             best = (k, s)
     return best

@@ -193,6 +193,7 @@ class Engine:
         eog = target.is_eog
         piece = target.piece
         policy = self.policy
+        p_conf = policy.confidence_p()
         t_decode = time.perf_counter()
         try:
             while run.finish is None:
@@ -221,6 +222,8 @@ class Engine:
                 verify_s = time.perf_counter() - t_verify
                 st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
                 st.record_pass(name, k_used, n_acc)
+                if k_used == 0 and p_conf > 0.0:
+                    policy.observe_confidence(not S.top_prob_below(target.logits(0), p_conf))
                 policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
                 if declined is not None:
                     policy.observe_declined(declined, t_verify - t_step)

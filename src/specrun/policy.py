@@ -4,8 +4,9 @@
 - ``HybridPolicy``: prompt lookup first; the draft model where lookup has nothing.
 - ``AutoPolicy``: before each step, the drafter and K that maximise expected tokens per second
   by the cost model (costmodel.py), from running estimates of per-position acceptance (per
-  drafter, and per match length for lookup) and of the costs measured online (target pass
-  time as a function of rows, draft step time). K = 0 (plain decoding) when nothing pays; a
+  drafter, and per match length for lookup), of how often the draft model stops under
+  --draft-p-min, and of the costs measured online (target pass time as a function of rows,
+  draft step time, draft catch-up rows). K = 0 (plain decoding) when nothing pays; a
   drafter that does not pay is re-probed now and then, with a backoff, so that one that starts
   paying is found again.
 """
@@ -38,6 +39,13 @@ class Policy:
     def observe_declined(self, name: str, draft_s: float) -> None:
         """The drafter chosen for the last step ran but proposed too little to verify (the draft
         model's first token fell under --draft-p-min): it cost ``draft_s`` and gave nothing."""
+
+    def confidence_p(self) -> float:
+        """> 0: plain steps report whether the target's top probability reached this."""
+        return 0.0
+
+    def observe_confidence(self, sure: bool) -> None:
+        """Whether a plain step's target was sure of its token (top probability >= p)."""
 
     def prefill(self, tokens: list[int]) -> None:
         for d in self.drafters:
@@ -128,12 +136,37 @@ class _Acceptance:
 
 
 @dataclass
+class _Rate:
+    """Running estimate of how often something happens (a draft attempt proposing nothing):
+    a plain average over the first observations, with the prior counted as PRIOR_N of them,
+    then an EMA."""
+
+    p: float
+    alpha: float = 0.15
+    seen: int = 0
+    PRIOR_N = 2
+
+    def update(self, hit: bool) -> None:
+        w = max(self.alpha, 1.0 / (self.seen + 1 + self.PRIOR_N))
+        self.p += w * ((1.0 if hit else 0.0) - self.p)
+        self.seen += 1
+
+
+@dataclass
 class _Costs:
     """Online measurements: target pass seconds by rows, draft step seconds."""
 
     verify: dict[int, float] = field(default_factory=dict)
     draft_step: float | None = None
+    draft_n: int = 0
+    catch_up_row: float | None = None  # seconds per row of a draft catch-up of 2+ rows
     alpha: float = 0.2
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        if rows > 1:
+            per = seconds / rows
+            old = self.catch_up_row
+            self.catch_up_row = per if old is None else old + self.alpha * (per - old)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
         old = self.verify.get(rows)
@@ -143,7 +176,12 @@ class _Costs:
         if steps <= 0:
             return
         per = seconds / steps
-        self.draft_step = per if self.draft_step is None else self.draft_step + self.alpha * (per - self.draft_step)
+        self.draft_n += 1
+        # A plain average over the first observations, then an EMA: the first draft step after
+        # a cold start (llama.cpp building its graph) took 42 ms against 5-9 ms later, and alone
+        # it priced the draft model out for the rest of the run.
+        w = max(self.alpha, 1.0 / self.draft_n)
+        self.draft_step = per if self.draft_step is None else self.draft_step + w * (per - self.draft_step)
 
     def t1(self) -> float | None:
         if 1 in self.verify:
@@ -176,6 +214,7 @@ class AutoPolicy(Policy):
     PRIOR_VERIFY_SLOPE = 0.1  # V(5) ~ 1.4 on a 2-core CPU (DESIGN.md)
     PRIOR_DRAFT_COST = 0.35  # a re-quantized self-draft: c ~ 0.25-0.5
     PRIOR_ACCEPT = {"draft": 0.6, "lookup": 0.5}
+    PRIOR_STOP = 0.2  # the draft stops at a position (its top probability under --draft-p-min)
     # A one-token match is weak evidence: on open-ended text its proposals were all rejected,
     # and a 0.5 prior spent the first dozen steps learning that (1.9% of a story's time).
     PRIOR_ACCEPT_LOOKUP_1 = 0.3
@@ -185,7 +224,7 @@ class AutoPolicy(Policy):
     # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
     # generated since the draft last ran, whatever the backoff, and on open-ended text, where
     # the draft never pays, that alone made auto slower than the target: 13 probes cost 0.6 s.
-    PROBE_WINDOW = 2
+    PROBE_WINDOW = 4
     # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
     # on a CPU where the draft decodes row by row (AMX) a full catch-up of 100 tokens that prompt
     # lookup accepted cost 0.4 s, more than lookup had saved (auto 1.94x vs lookup 2.68x on QA).
@@ -206,6 +245,11 @@ class AutoPolicy(Policy):
 
     def _fresh(self) -> None:
         self.costs = _Costs()
+        # How often the draft model stops where it is unsure (--draft-p-min): from its own
+        # attempts, and on plain steps from the target's confidence, a free stand-in (SmolLM2
+        # at 0.6: the target was that sure on 88% of the code prompts' tokens, 41% of a story's).
+        self.stop = _Rate(self.PRIOR_STOP)
+        self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, _Acceptance] = {}
         self._probe_every = {d.name: self.PROBE_MIN for d in self.drafters}
         self._since = {d.name: 0 for d in self.drafters}
@@ -228,7 +272,8 @@ class AutoPolicy(Policy):
         t1 = self.costs.t1()
         if self.costs.draft_step is None or not t1:
             return self.PRIOR_DRAFT_COST
-        return self.costs.draft_step / t1
+        w = self.costs.draft_n / (self.costs.draft_n + _Rate.PRIOR_N)  # the prior as 2 observations
+        return w * self.costs.draft_step / t1 + (1.0 - w) * self.PRIOR_DRAFT_COST
 
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         v = self.costs.verify_cost()
@@ -237,17 +282,24 @@ class AutoPolicy(Policy):
         best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
+        if self.model is not None:
+            k, s = self._draft_best(v, k_cap)
+            if k and s > best[0]:
+                best = (s, "draft", k, None)
         if self.lookup is not None:
             prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
             if len(prop):
                 lookup_prop, lookup_key = prop, self._lookup_key()
-                k, s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop))
+                # While the draft model pays, every token lookup gets accepted is one the draft
+                # model must catch up on later: lookup is not free then (code: auto took lookup's
+                # 2-token matches over a draft right 98% of the time, 1.12x vs 1.47x), until the
+                # draft is a catch-up window behind (it skips the rest).
+                lag = len(tokens) - getattr(self.model, "n_cached", len(tokens))
+                extra = self._catch_up_c() if best[1] == "draft" and lag < self.CATCH_UP_WINDOW else 0.0
+                k, s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop),
+                                        per_accepted=extra)
                 if k and s > best[0]:
                     best = (s, lookup_key, k, Proposal(prop.tokens[:k], None))
-        if self.model is not None:
-            k, s = costmodel.best_k(self._acc("draft").estimate(), self._draft_c(), v, k_cap)
-            if k and s > best[0]:
-                best = (s, "draft", k, None)
 
         s, key, k, prop_ready = best
         self._rival_s = s
@@ -264,7 +316,8 @@ class AutoPolicy(Policy):
             key, k, s = lookup_key, min(2, len(lookup_prop)), 0.0
             prop_ready = Proposal(lookup_prop.tokens[:k], None)
         elif (self.model is not None and key == "none"
-              and self._since["draft"] >= self._probe_every["draft"]):
+              and self._since["draft"] >= self._probe_every["draft"]
+              and self._draft_best(v, k_cap, sure=True)[1] > self.MARGIN):
             self._backoff("draft")
             key, k, s = "draft", min(2, k_cap), 0.0
             window = self.PROBE_WINDOW
@@ -289,13 +342,31 @@ class AutoPolicy(Policy):
             # Positions past the chosen K are only learnt by drafting them: after a draft that
             # was accepted whole, draft one more (as adaptive-K heuristics do).
             k = min(k + 1, k_cap)
+        self._asked = k
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
+
+    def _catch_up_c(self) -> float:
+        """A catch-up row of the draft model, relative to a target step."""
+        t1 = self.costs.t1()
+        if self.costs.catch_up_row is None or not t1:
+            return self._draft_c()
+        return self.costs.catch_up_row / t1
+
+    def _draft_best(self, v: costmodel.VerifyCost, k_cap: int, sure: bool = False) -> tuple[int, float]:
+        """The draft model's best K and predicted speed-up; ``sure``: were every proposal
+        accepted (a probe learns acceptance; where even that would not pay, as where the draft
+        would mostly stop, there is nothing to probe for: a story spent 8% of its time so)."""
+        go = 1.0 - self.stop.p if self.model is not None and self.model.p_min > 0.0 else 1.0
+        acc = [1.0] * self.draft_max if sure else self._acc("draft").estimate()
+        return costmodel.best_k(acc, self._draft_c(), v, k_cap, go=go)
 
     def _draft_step_s(self, draft_s: float) -> float:
         """The draft's time for the step less a long catch-up beyond its first row: a draft step
         costs one decode per drafted token (the catch-up's last row is the first of them), and
-        a catch-up after a stretch without the draft is a one-off, not the draft's price."""
+        a catch-up after a stretch without the draft is a one-off, not the draft's price. The
+        catch-up's own cost per row is recorded here (lookup is priced with it)."""
         rows, secs = self.model.last_catch_up if self.model is not None else (0, 0.0)
+        self.costs.observe_catch_up(rows, secs)
         return draft_s - secs * (rows - 1) / rows if rows > 1 else draft_s
 
     def observe_tokens(self, tokens: list[int]) -> None:
@@ -314,14 +385,25 @@ class AutoPolicy(Policy):
             m += 1
         self._acc(key).update(min(m + 1, known), m)
 
+    def confidence_p(self) -> float:
+        """--draft-p-min: plain steps report the target's confidence at it (0: the draft never
+        stops early, nothing to learn)."""
+        return self.model.p_min if self.model is not None else 0.0
+
+    def observe_confidence(self, sure: bool) -> None:
+        """A plain step's target was (not) sure of its token at --draft-p-min: where it is not,
+        the draft model (a smaller model of the same text) would mostly have stopped."""
+        self.stop.update(not sure)
+
     def observe_declined(self, name: str, draft_s: float) -> None:
-        """A draft attempt that proposed nothing is, for the step, a draft rejected at its first
-        position that still cost a draft step (and its catch-up). Counted that way; before, it
-        was counted as plain decoding, so on open-ended text, where the draft model is rarely
-        sure, auto kept choosing a drafter that paid only when it proposed (story: 0.92x)."""
+        """A draft attempt that proposed nothing: it cost a draft step and the step decoded
+        plainly. Counted as a stop at the first position, which the cost model prices (costmodel.
+        attempt_speedup), not as plain decoding (a rarely-sure draft then looked free: story
+        0.92x) nor as a rejection (an unsure start then sank the draft's acceptance on code it
+        drafts at 0.98: auto 1.12x vs the draft's 1.47x)."""
         if name != "draft":
             return
-        self._acc("draft").update(1, 0)
+        self.stop.update(True)
         self.costs.observe_draft(1, self._draft_step_s(draft_s))
         self._end_burst("draft")
 
@@ -349,6 +431,10 @@ class AutoPolicy(Policy):
         acc.update(k, n_accepted)
         if name == "draft":
             self.costs.observe_draft(k, self._draft_step_s(draft_s))
+            for _ in range(k):
+                self.stop.update(False)
+            if k < self._asked:
+                self.stop.update(True)
         # A fully accepted draft re-probes at once (a burst that quickly corrects a stale,
         # pessimistic estimate); one that would have paid resets the backoff.
         if n_accepted == k:
@@ -357,8 +443,9 @@ class AutoPolicy(Policy):
         if n_accepted == 0:
             self._end_burst(name)
         v = self.costs.verify_cost()
-        c = self._draft_c() if name == "draft" else 0.0
         # A probe resets the backoff only when it now beats what it displaced.
         bar = max(self.MARGIN, self._rival_s) if self._probing else self.MARGIN
-        if costmodel.best_k(acc.estimate(), c, v, len(acc.cum))[1] > bar:
+        now = self._draft_best(v, len(acc.cum)) if name == "draft" else costmodel.best_k(
+            acc.estimate(), 0.0, v, len(acc.cum))
+        if now[1] > bar:
             self._probe_every[name] = self.PROBE_MIN
