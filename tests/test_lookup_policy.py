@@ -128,6 +128,7 @@ class FakeDraftModel:
         self.proposed = []
         self.windows = []
         self.last_catch_up = (1, 0.0)
+        self.n_cached = 0
 
     def prefill(self, tokens):
         return 0

@@ -137,9 +137,9 @@ class _Acceptance:
 
 @dataclass
 class _Rate:
-    """Running estimate of how often something happens (a draft attempt proposing nothing):
-    a plain average over the first observations, with the prior counted as PRIOR_N of them,
-    then an EMA."""
+    """Running estimate of how often something happens (the draft model stopping at a
+    position): a plain average over the first observations, with the prior counted as PRIOR_N
+    of them, then an EMA."""
 
     p: float
     alpha: float = 0.15
@@ -177,9 +177,9 @@ class _Costs:
             return
         per = seconds / steps
         self.draft_n += 1
-        # A plain average over the first observations, then an EMA: the first draft step after
-        # a cold start (llama.cpp building its graph) took 42 ms against 5-9 ms later, and alone
-        # it priced the draft model out for the rest of the run.
+        # A plain average over the first observations, then an EMA: one early draft step took
+        # 42 ms against 5-9 ms later (cause not isolated), and as the whole estimate it priced
+        # the draft model out for the rest of the run.
         w = max(self.alpha, 1.0 / self.draft_n)
         self.draft_step = per if self.draft_step is None else self.draft_step + w * (per - self.draft_step)
 
@@ -223,11 +223,13 @@ class AutoPolicy(Policy):
     # A draft-model probe catches up on at most this many of the tokens it has not seen (the
     # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
     # generated since the draft last ran, whatever the backoff, and on open-ended text, where
-    # the draft never pays, that alone made auto slower than the target: 13 probes cost 0.6 s.
+    # the draft never pays, that alone made auto slower than the target (13 probes took 0.6 s
+    # of draft time; two 16-row probes 3.9% of a story's run).
     PROBE_WINDOW = 4
     # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
-    # on a CPU where the draft decodes row by row (AMX) a full catch-up of 100 tokens that prompt
-    # lookup accepted cost 0.4 s, more than lookup had saved (auto 1.94x vs lookup 2.68x on QA).
+    # on a CPU where the draft decodes row by row (AMX) a full catch-up of the ~100 tokens prompt
+    # lookup had accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x
+    # vs lookup 2.68x on QA, 3.00x with the window.
     CATCH_UP_WINDOW = 16
 
     def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
@@ -294,8 +296,9 @@ class AutoPolicy(Policy):
                 # model must catch up on later: lookup is not free then (code: auto took lookup's
                 # 2-token matches over a draft right 98% of the time, 1.12x vs 1.47x), until the
                 # draft is a catch-up window behind (it skips the rest).
-                lag = len(tokens) - getattr(self.model, "n_cached", len(tokens))
-                extra = self._catch_up_c() if best[1] == "draft" and lag < self.CATCH_UP_WINDOW else 0.0
+                behind = (best[1] == "draft" and self.model is not None
+                          and len(tokens) - self.model.n_cached < self.CATCH_UP_WINDOW)
+                extra = self._catch_up_c() if behind else 0.0
                 k, s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop),
                                         per_accepted=extra)
                 if k and s > best[0]:
@@ -355,19 +358,19 @@ class AutoPolicy(Policy):
     def _draft_best(self, v: costmodel.VerifyCost, k_cap: int, sure: bool = False) -> tuple[int, float]:
         """The draft model's best K and predicted speed-up; ``sure``: were every proposal
         accepted (a probe learns acceptance; where even that would not pay, as where the draft
-        would mostly stop, there is nothing to probe for: a story spent 8% of its time so)."""
+        would mostly stop, there is nothing to probe for)."""
         go = 1.0 - self.stop.p if self.model is not None and self.model.p_min > 0.0 else 1.0
         acc = [1.0] * self.draft_max if sure else self._acc("draft").estimate()
         return costmodel.best_k(acc, self._draft_c(), v, k_cap, go=go)
 
-    def _draft_step_s(self, draft_s: float) -> float:
-        """The draft's time for the step less a long catch-up beyond its first row: a draft step
-        costs one decode per drafted token (the catch-up's last row is the first of them), and
-        a catch-up after a stretch without the draft is a one-off, not the draft's price. The
-        catch-up's own cost per row is recorded here (lookup is priced with it)."""
+    def _observe_draft(self, steps: int, draft_s: float) -> None:
+        """The draft's time for the step, less a long catch-up beyond its first row: a draft
+        step costs one decode per drafted token (the catch-up's last row is the first of them),
+        and a catch-up after a stretch without the draft is a one-off, not the draft's price.
+        The catch-up's own cost per row is kept apart (lookup is priced with it)."""
         rows, secs = self.model.last_catch_up if self.model is not None else (0, 0.0)
         self.costs.observe_catch_up(rows, secs)
-        return draft_s - secs * (rows - 1) / rows if rows > 1 else draft_s
+        self.costs.observe_draft(steps, draft_s - secs * (rows - 1) / rows if rows > 1 else draft_s)
 
     def observe_tokens(self, tokens: list[int]) -> None:
         """Free evidence for a declined lookup proposal: the step's tokens say how much of it
@@ -404,13 +407,13 @@ class AutoPolicy(Policy):
         if name != "draft":
             return
         self.stop.update(True)
-        self.costs.observe_draft(1, self._draft_step_s(draft_s))
+        self._observe_draft(1, draft_s)
         self._end_burst("draft")
 
     def _end_burst(self, name: str) -> None:
         """A probe that got nothing ends a burst of probes (below, after a fully accepted draft):
-        on a story, a lucky 2/2 probe was followed by five more that proposed nothing, each
-        paying a catch-up: 7% of the time."""
+        on a story, lucky 1/1 and 2/2 probes were followed by a run of probes that proposed
+        nothing, each paying a catch-up (declined probes: 6.7% of the run)."""
         if self._probing:
             self._probe_every[name] = max(self._probe_every[name], self.PROBE_MIN)
 
@@ -430,7 +433,7 @@ class AutoPolicy(Policy):
         acc = self._acc(key)
         acc.update(k, n_accepted)
         if name == "draft":
-            self.costs.observe_draft(k, self._draft_step_s(draft_s))
+            self._observe_draft(k, draft_s)
             for _ in range(k):
                 self.stop.update(False)
             if k < self._asked:
