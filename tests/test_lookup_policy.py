@@ -244,9 +244,62 @@ def test_auto_probes_lookup_while_the_draft_model_pays():
 def test_one_early_miss_does_not_zero_the_estimate():
     from specrun.policy import _Acceptance
 
-    acc = _Acceptance(costmodel.geometric(0.6, 4))
+    acc = _Acceptance(0.6, 4)
     acc.update(2, 0)
     assert 0.2 < acc.estimate()[0] < 0.6
+
+
+def test_positions_after_the_first_rejection_are_not_counted():
+    """Acceptance is estimated per position *given* the earlier positions were accepted: a
+    draft rejected at position 1 says nothing about positions 2 and 3."""
+    from specrun.policy import _Acceptance
+
+    acc = _Acceptance(0.6, 4)
+    acc.update(4, 1)
+    r = acc.rates()
+    assert r[0] > r[1] and r[1] < 0.6  # position 0 accepted, position 1 rejected
+    assert r[2] == r[3]  # untried: the pooled rate, both
+    assert acc.tries[2] == acc.tries[3] == 0.0
+
+
+def test_deep_positions_borrow_from_the_pool():
+    """A few fully accepted short drafts make the positions they never reached likely too (one
+    acceptance process): per-position estimates from a geometric prior each had to be reached
+    several times before auto drafted past K = 2 on a draft accepted 98% of the time."""
+    from specrun.policy import _Acceptance
+
+    acc = _Acceptance(0.6, 8)
+    for k in (1, 2, 3, 4):
+        acc.update(k, k)
+    est = acc.estimate()
+    assert est[4] > 0.6 and est[7] > 0.45
+    assert all(a >= b for a, b in zip(est, est[1:], strict=False))  # cumulative: never rises with depth
+    v = costmodel.linear_verify_cost(0.15)
+    assert costmodel.best_k(est, 0.2, v, 8)[0] >= 4
+
+
+def test_acceptance_tracks_a_change_of_text():
+    from specrun.policy import _Acceptance
+
+    acc = _Acceptance(0.6, 4)
+    for _ in range(40):
+        acc.update(4, 4)
+    assert acc.estimate()[3] > 0.9
+    for _ in range(25):
+        acc.update(4, 0)
+    assert acc.estimate()[0] < 0.2
+
+
+def test_a_draft_that_stopped_is_priced_per_decode():
+    """A draft that stopped under --draft-p-min after j tokens decoded j + 1 times (its last
+    proposal too, to find the next one unsure): its step cost is its time over j + 1."""
+    model = FakeDraftModel()
+    policy = AutoPolicy(4, None, model)
+    policy.costs.observe_verify(1, 0.02)
+    policy._key, policy._asked = "draft", 4  # as after draft() asked the model for 4
+    model.last_catch_up = (1, 0.005)
+    policy.observe("draft", 1, 1, 2 * 0.005, 0.025)  # asked for more, proposed 1: 2 decodes
+    assert policy.costs.draft_step == pytest.approx(0.005)
 
 
 def test_declined_lookup_is_scored_against_what_the_target_said():
@@ -349,7 +402,7 @@ def test_reset_starts_cold():
     policy = AutoPolicy(8, None, FakeDraftModel())
     fresh = policy._acc("draft").estimate()
     drive(policy, 300, accept_rate=0.02, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
-    assert policy._acc("draft").estimate()[0] < 0.2 and policy._probe_every["draft"] > AutoPolicy.PROBE_MIN
+    assert policy._acc("draft").estimate()[0] < 0.3 and policy._probe_every["draft"] > AutoPolicy.PROBE_MIN
     policy.reset()
     assert policy._acc("draft").estimate() == fresh
     assert policy._probe_every["draft"] == AutoPolicy.PROBE_MIN and policy.costs.draft_step is None
@@ -374,18 +427,19 @@ def test_a_probe_that_gets_nothing_ends_a_burst():
 
 def test_cost_model_prices_a_draft_that_stops_where_unsure():
     """A draft with a confidence floor proposes j < K tokens with probability go^j (1 - go):
-    K = 1 by hand, go = 1 is the plain model, and a mostly-stopping draft does not pay."""
+    K = 1 by hand, go = 1 by hand, and a mostly-stopping draft does not pay."""
     v = costmodel.linear_verify_cost(0.2)
     cum = costmodel.geometric(0.9, 4)
     c, q = 0.3, 0.7
-    want = (1 + q * cum[0]) / ((1 - q) * (c + v(1)) + q * (c + v(2)))
+    # A whole proposal accepted costs its last token's decode at the next step: + c * cum[K-1].
+    want = (1 + q * cum[0]) / ((1 - q) * (c + v(1)) + q * (c + c * cum[0] + v(2)))
     assert costmodel.attempt_speedup(cum, 1, c, v, go=q) == pytest.approx(want)
     assert costmodel.attempt_speedup(cum, 3, c, v, go=1.0) == pytest.approx(
-        costmodel.predicted_speedup(cum, 3, c, v))
+        costmodel.expected_tokens(cum, 3) / (3 * c + c * cum[2] + v(4)))
     # Lengths 0..2 of an attempt of K = 2, enumerated.
     p = [1 - q, q * (1 - q), q * q]
     tok = [1, 1 + cum[0], 1 + cum[0] + cum[1]]
-    cost = [c + v(1), 2 * c + v(2), 2 * c + v(3)]
+    cost = [c + v(1), 2 * c + v(2), 2 * c + c * cum[1] + v(3)]
     want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(a * b for a, b in zip(p, cost, strict=True))
     assert costmodel.attempt_speedup(cum, 2, c, v, go=q) == pytest.approx(want2)
     sure = [1.0] * 4
@@ -412,6 +466,33 @@ def test_the_targets_confidence_stands_in_for_the_drafts():
         policy.observe(name, 0, 0, 0.0, 0.02)
         policy.observe_confidence(rng.random() < 0.15)
     assert "draft" not in names and model.proposed == []
-    for _ in range(30):
+    for _ in range(30):  # the text turns sure: plain steps report it, the draft is back
+        name, prop = policy.draft([0] * 10, 4, SamplingParams(), rng, True)
+        if name == "draft":
+            break
+        policy.observe(name, 0, 0, 0.0, 0.02)
         policy.observe_confidence(True)
+    assert name == "draft"
+
+
+def test_the_draft_is_retried_only_where_it_could_pay_for_the_retry():
+    """A re-try of the draft model costs its catch-up; where even a draft accepted whole would
+    gain under PROBE_BAR (a draft unsure at most positions), none is made, and where the text
+    turned sure one is."""
+    rng = np.random.default_rng(17)
+    model = ShyDraftModel(np.random.default_rng(18))
+    policy = AutoPolicy(4, None, model)
+    policy.costs.observe_verify(1, 0.02)
+    policy.costs.observe_verify(5, 0.026)
+    policy.costs.observe_draft(4, 4 * 0.006)
+    v = policy.costs.verify_cost()
+    for _ in range(40):  # estimates of a draft that is wrong where it drafts: not chosen
+        policy._acc("draft").update(2, 0)
+    policy.stop.p = 0.5
+    s_whole = policy._draft_best(v, 4, sure=True)[1]
+    assert AutoPolicy.MARGIN < s_whole < AutoPolicy.PROBE_BAR
+    policy._since["draft"] = 1000
+    assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "none"
+    policy.stop.p = 0.1
+    policy._since["draft"] = 1000
     assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "draft"

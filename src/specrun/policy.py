@@ -92,46 +92,56 @@ class HybridPolicy(Policy):
         return self.model.name, self.model.propose(tokens, k_cap, params, rng, greedy_draft)
 
 
-@dataclass
 class _Acceptance:
-    """Running estimate of cumulative per-position acceptance (EMA per position).
+    """Running estimate of cumulative per-position acceptance, from conditional rates.
 
-    Positions seldom drafted (short probes never reach them) are extrapolated from the deepest
-    well-observed position at its conditional rate, so a drafter that does well at K = 2 is
-    tried at K = 3, and so on.
+    Position i of a draft is *tried* when positions 0..i-1 were accepted, and a *hit* when it
+    is accepted too; its conditional rate is hits / tries. Positions after the first rejection
+    say nothing about their own rate and are not counted. One acceptance process underlies all
+    positions, so each position's rate is shrunk toward the rate of the *other* positions
+    (a deep position, seldom reached, borrows from them; its own data is not counted twice),
+    itself shrunk toward the prior. ``cum[i]`` is the product of the rates of positions 0..i
+    (monotone by construction). Counts decay (an EMA in count form, ``alpha`` per draft, every
+    position, reached or not) so that a change of text is tracked: deep positions that a run of
+    early rejections no longer reaches must not keep vouching for the others.
+
+    Why: per-position EMAs of the cumulative rate, each from a geometric 0.6 prior, needed ~20
+    steps on a code prompt before the deep positions believed a draft the target accepted 98%
+    of the time, and auto drafted K = 2-3 meanwhile (53 target passes for 128 tokens against
+    the fixed K = 4's 37).
     """
 
-    cum: list[float]
-    alpha: float = 0.15
-    seen: list[int] = field(default_factory=list)
-    MIN_SEEN = 4
-    # The prior counts as this many observations: one early miss lowers the estimate instead of
-    # zeroing it (which starved a drafter until its next probe, however good it was).
-    PRIOR_N = 2
+    PRIOR_N = 2.0  # the prior counts as this many observations (one early miss lowers, not zeroes)
+    SHRINK_N = 2.0  # a position's own rate weighs against the others' as if from this many
 
-    def __post_init__(self) -> None:
-        self.seen = [0] * len(self.cum)
+    def __init__(self, prior: float, k: int, alpha: float = 0.15) -> None:
+        self.prior, self.k, self.alpha = prior, k, alpha
+        self.hits = [0.0] * k
+        self.tries = [0.0] * k
 
     def update(self, k: int, n_accepted: int) -> None:
-        a = self.alpha
-        for i in range(min(k, len(self.cum))):
-            hit = 1.0 if n_accepted > i else 0.0
-            # Plain average while few samples (fast start), EMA after (tracks drift).
-            w = max(a, 1.0 / (self.seen[i] + 1 + self.PRIOR_N))
-            self.cum[i] += w * (hit - self.cum[i])
-            self.seen[i] += 1
+        keep = 1.0 - self.alpha  # every position ages with each draft, reached or not
+        for i in range(self.k):
+            self.hits[i] *= keep
+            self.tries[i] *= keep
+        for i in range(min(k, n_accepted + 1, self.k)):
+            self.hits[i] += 1.0 if i < n_accepted else 0.0
+            self.tries[i] += 1.0
+
+    def rates(self) -> list[float]:
+        """Conditional acceptance per position."""
+        h_all, n_all = sum(self.hits), sum(self.tries)
+        out = []
+        for h, n in zip(self.hits, self.tries, strict=True):
+            others = (h_all - h + self.PRIOR_N * self.prior) / (n_all - n + self.PRIOR_N)
+            out.append((h + self.SHRINK_N * others) / (n + self.SHRINK_N))
+        return out
 
     def estimate(self) -> list[float]:
-        out = list(self.cum)
-        deep = max((i for i, n in enumerate(self.seen) if n >= self.MIN_SEEN), default=-1)
-        if deep >= 0:
-            prev = out[deep - 1] if deep > 0 else 1.0
-            rate = min(1.0, out[deep] / prev) if prev > 0 else 0.0
-            for i in range(deep + 1, len(out)):
-                out[i] = out[i - 1] * rate
-        # Monotone: position i cannot be accepted more often than position i - 1.
-        for i in range(1, len(out)):
-            out[i] = min(out[i], out[i - 1])
+        out, c = [], 1.0
+        for r in self.rates():
+            c *= r
+            out.append(c)
         return out
 
 
@@ -220,6 +230,12 @@ class AutoPolicy(Policy):
     PRIOR_ACCEPT_LOOKUP_1 = 0.3
     MARGIN = 1.03  # speculate only when it is predicted to pay at least this much
     PROBE_MIN, PROBE_MAX = 8, 128
+    # The draft model is re-tried only where it would pay at least this much were every proposal
+    # accepted: a re-try costs its catch-up, ~1.5 target steps, and where even a perfect draft
+    # would gain a few percent (the story: the draft unsure at 55-60% of positions) finding
+    # it right cannot earn that back. At MARGIN, re-tries that proposed nothing took 2.4% of a
+    # story's time.
+    PROBE_BAR = 1.15
     # A draft-model probe catches up on at most this many of the tokens it has not seen (the
     # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
     # generated since the draft last ran, whatever the backoff, and on open-ended text, where
@@ -254,7 +270,10 @@ class AutoPolicy(Policy):
         self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, _Acceptance] = {}
         self._probe_every = {d.name: self.PROBE_MIN for d in self.drafters}
-        self._since = {d.name: 0 for d in self.drafters}
+        # Steps since each drafter last ran: as if a probe were due, so that a drafter the prior
+        # does not expect to pay is still tried once at the start (with nothing measured yet,
+        # the prior's verdict is the least informed one auto will ever make).
+        self._since = {d.name: self.PROBE_MIN for d in self.drafters}
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
         self._key = "none"
         self._longer = False  # the last draft was accepted whole: explore one position further
@@ -267,7 +286,7 @@ class AutoPolicy(Policy):
         if a is None:
             base = (self.PRIOR_ACCEPT_LOOKUP_1 if key == "lookup:1"
                     else self.PRIOR_ACCEPT["lookup" if key.startswith("lookup") else "draft"])
-            a = self.acc[key] = _Acceptance(costmodel.geometric(base, self.draft_max))
+            a = self.acc[key] = _Acceptance(base, self.draft_max)
         return a
 
     def _draft_c(self) -> float:
@@ -320,7 +339,7 @@ class AutoPolicy(Policy):
             prop_ready = Proposal(lookup_prop.tokens[:k], None)
         elif (self.model is not None and key == "none"
               and self._since["draft"] >= self._probe_every["draft"]
-              and self._draft_best(v, k_cap, sure=True)[1] > self.MARGIN):
+              and self._draft_best(v, k_cap, sure=True)[1] > self.PROBE_BAR):
             self._backoff("draft")
             key, k, s = "draft", min(2, k_cap), 0.0
             window = self.PROBE_WINDOW
@@ -433,10 +452,14 @@ class AutoPolicy(Policy):
         acc = self._acc(key)
         acc.update(k, n_accepted)
         if name == "draft":
-            self._observe_draft(k, draft_s)
+            stopped = k < self._asked
+            # A draft that stopped under --draft-p-min decoded its last proposal too, to find
+            # its next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k,
+            # 1-token drafts priced the draft at c = 0.43 on a code prompt where it costs 0.30.
+            self._observe_draft(k + 1 if stopped else k, draft_s)
             for _ in range(k):
                 self.stop.update(False)
-            if k < self._asked:
+            if stopped:
                 self.stop.update(True)
         # A fully accepted draft re-probes at once (a burst that quickly corrects a stale,
         # pessimistic estimate); one that would have paid resets the backoff.
@@ -448,7 +471,7 @@ class AutoPolicy(Policy):
         v = self.costs.verify_cost()
         # A probe resets the backoff only when it now beats what it displaced.
         bar = max(self.MARGIN, self._rival_s) if self._probing else self.MARGIN
-        now = self._draft_best(v, len(acc.cum)) if name == "draft" else costmodel.best_k(
-            acc.estimate(), 0.0, v, len(acc.cum))
+        now = self._draft_best(v, acc.k) if name == "draft" else costmodel.best_k(
+            acc.estimate(), 0.0, v, acc.k)
         if now[1] > bar:
             self._probe_every[name] = self.PROBE_MIN
