@@ -7,10 +7,18 @@ else they need through the registry (a model already present costs nothing).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+# A test run started in the background by a shell without job control (`make test &` in a
+# script) inherits SIGINT ignored, and so would every child it starts: the tests that press
+# Ctrl-C on a child then saw it ignored (exit 0, not 130). Children of a process that handles
+# SIGINT start with the default action.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECRUN = str(Path(sys.executable).with_name("specrun"))

@@ -246,8 +246,15 @@ def probe(
     c = draft_step / t1
     slope = fit_verify_slope(t1, learnt.mean_verify(), learnt.verify_n)
     vcost = costmodel.linear_verify_cost(slope)
+    # c here is the draft's time per drafted token over whole steps, the catch-up of a draft
+    # accepted whole included, so DESIGN.md's K * c + V(K + 1) applies as it is (auto, which
+    # times a draft step per decode, prices that catch-up apart: costmodel.attempt_speedup).
     by_k = [costmodel.predicted_speedup(cum, k, c, vcost) for k in range(s.learn_k + 1)]
-    best_k, predicted = costmodel.best_k(cum, c, vcost, s.learn_k)
+    best_k = 0
+    for k in range(1, len(by_k)):
+        if by_k[k] > by_k[best_k] + 1e-9:
+            best_k = k
+    predicted = by_k[best_k]
 
     # K = 0 is the target alone: then measure the best K >= 1, so the loss is seen, not assumed.
     mk = best_k or max(range(1, s.learn_k + 1), key=lambda k: by_k[k])
