@@ -17,9 +17,9 @@ Units: time is measured in "target tokens", the cost of one plain target decode 
   cost per accepted draft token (a draft model catching up on tokens another drafter proposed).
 - A draft model never decodes its own last proposal within the attempt (nothing follows it);
   when all K are accepted it decodes it at the next step's catch-up, so an attempt accepted
-  whole costs one draft step more: ``c * cum_acc[K-1]`` in expectation. (Left out, it priced
-  a draft of K at K steps where it costs K + 1 whenever it is right, which on code, right
-  98% of the time, under-priced the draft model by a quarter at K = 4.)
+  whole costs one draft step more: ``c * cum_acc[K-1]`` in expectation. (Left out, a K = 4
+  draft was priced at 4 draft steps where it costs 5 whenever it is right, as on code, where
+  it is right 98% of the time.)
 """
 
 from __future__ import annotations

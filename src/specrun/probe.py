@@ -250,10 +250,7 @@ def probe(
     # accepted whole included, so DESIGN.md's K * c + V(K + 1) applies as it is (auto, which
     # times a draft step per decode, prices that catch-up apart: costmodel.attempt_speedup).
     by_k = [costmodel.predicted_speedup(cum, k, c, vcost) for k in range(s.learn_k + 1)]
-    best_k = 0
-    for k in range(1, len(by_k)):
-        if by_k[k] > by_k[best_k] + 1e-9:
-            best_k = k
+    best_k = max(range(len(by_k)), key=by_k.__getitem__)  # the first best: ties to the smaller K
     predicted = by_k[best_k]
 
     # K = 0 is the target alone: then measure the best K >= 1, so the loss is seen, not assumed.
