@@ -222,7 +222,12 @@ class Engine:
                 verify_s = time.perf_counter() - t_verify
                 st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
                 st.record_pass(name, k_used, n_acc)
-                if k_used == 0 and p_conf > 0.0:
+                if p_conf > 0.0 and name != "draft" and declined is None:
+                    # The target's sureness at the step's first position: on plain steps and on
+                    # lookup's too (or a lookup stretch froze the draft model's stop rate at what
+                    # it was when the stretch began). Not after a declined draft: its stop at this
+                    # very position is counted already, and counting the target's doubt there too
+                    # inflated the stop rate in mixed stretches of code.
                     policy.observe_confidence(not S.top_prob_below(target.logits(0), p_conf))
                 policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
                 if declined is not None:

@@ -6,9 +6,9 @@
   by the cost model (costmodel.py), from running estimates of per-position acceptance (per
   drafter, and per match length for lookup), of how often the draft model stops under
   --draft-p-min, and of the costs measured online (target pass time as a function of rows,
-  draft step time, draft catch-up rows). K = 0 (plain decoding) when nothing pays; a
-  drafter that does not pay is re-probed now and then, with a backoff, so that one that starts
-  paying is found again.
+  draft step time, draft catch-up rows). K = 0 (plain decoding) when nothing pays; the draft
+  model, when it does not pay, is re-tried now and then, with a backoff, so that it is found
+  again when it starts paying; lookup's proposals not taken are scored for free.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Policy:
         return 0.0
 
     def observe_confidence(self, sure: bool) -> None:
-        """Whether a plain step's target was sure of its token (top probability >= p)."""
+        """Whether the target was sure of the first token of a step that was not the draft
+        model's (plain or lookup; top probability >= p)."""
 
     def prefill(self, tokens: list[int]) -> None:
         for d in self.drafters:
@@ -224,7 +225,8 @@ class AutoPolicy(Policy):
     PRIOR_VERIFY_SLOPE = 0.1  # V(5) ~ 1.4 on a 2-core CPU (DESIGN.md)
     PRIOR_DRAFT_COST = 0.35  # a re-quantized self-draft: c ~ 0.25-0.5
     PRIOR_ACCEPT = {"draft": 0.6, "lookup": 0.5}
-    PRIOR_STOP = 0.2  # the draft stops at a position (its top probability under --draft-p-min)
+    PRIOR_STOP = 0.2  # the draft stops at its first position (top probability under --draft-p-min)
+    PRIOR_GO_ON = 0.8  # ... and goes on past a later one, having proposed the one before
     # A one-token match is weak evidence: on open-ended text its proposals were all rejected,
     # and a 0.5 prior spent the first dozen steps learning that (1.9% of a story's time).
     PRIOR_ACCEPT_LOOKUP_1 = 0.3
@@ -236,6 +238,7 @@ class AutoPolicy(Policy):
     # 55-60% of positions) finding it right cannot earn that back. At MARGIN, the draft's time
     # on the story, nearly all re-tries that proposed nothing, was 2.2-2.9% of the decode time.
     PROBE_BAR = 1.15
+    STOP_SLOW_ALPHA = 0.04  # the probe gate's stop rate: sd ~0.07 on a story, ~25 tokens to turn
     # A draft-model probe catches up on at most this many of the tokens it has not seen (the
     # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
     # generated since the draft last ran, whatever the backoff, and on open-ended text, where
@@ -247,6 +250,11 @@ class AutoPolicy(Policy):
     # lookup had accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x
     # vs lookup 2.68x on QA, 3.00x with the window.
     CATCH_UP_WINDOW = 16
+    # A catch-up owed (the draft model behind after another drafter's stretch or plain steps) is
+    # a one-off cost; choosing the draft prices it spread over this many steps. Unpriced, the
+    # draft was chosen on a summary after a lookup stretch at a predicted 1.22x, paid a 16-row
+    # catch-up (64 ms, ~2.5 target steps) and then proposed nothing.
+    CATCH_UP_HORIZON = 4
 
     def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
         self.draft_max = draft_max
@@ -267,13 +275,27 @@ class AutoPolicy(Policy):
         # attempts, and on plain steps from the target's confidence, a free stand-in (SmolLM2
         # at 0.6: the target was that sure on 88% of the code prompts' tokens, 41% of a story's).
         self.stop = _Rate(self.PRIOR_STOP)
+        # How often it goes on past a position once it has proposed the token before: sureness
+        # comes in stretches (on code the target was sure after a sure token 91-94% of the time,
+        # 47-71% after an unsure one; on a story 40% and 43%), so one stop rate for every
+        # position undervalued the draft where code alternates with prose (a Stack class's
+        # docstrings: five unsure tokens in a row, and auto left the draft model, which went on to
+        # propose 4/4, 3/3, 1/1, 4/4, for lookup's 2-token guesses). From the draft's attempts
+        # and from consecutive plain steps (the target's sureness after a sure token).
+        self.go_on = _Rate(self.PRIOR_GO_ON)
+        self._prev_sure = False  # the last step was plain and its target sure
+        # The same, slower, for the probe gate only (PROBE_BAR). On a story (the target sure at
+        # 41% of positions) the fast estimate's noise (sd ~0.14 at alpha 0.15) dipped it far
+        # enough, now and then, for a perfect draft to look like it would pay 15%, and each such
+        # probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128 tokens).
+        self.stop_slow = _Rate(self.PRIOR_STOP, alpha=self.STOP_SLOW_ALPHA)
         self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, _Acceptance] = {}
-        self._probe_every = {d.name: self.PROBE_MIN for d in self.drafters}
-        # Steps since each drafter last ran: as if a probe were due, so that a drafter the prior
-        # does not expect to pay is still tried once at the start (with nothing measured yet,
-        # the prior's verdict is the least informed one auto will ever make).
-        self._since = {d.name: self.PROBE_MIN for d in self.drafters}
+        self._probe_every = self.PROBE_MIN  # steps between re-tries of the draft model
+        # Steps since the draft model last ran: as if a re-try were due, so that it is tried
+        # once at the start even where the prior does not expect it to pay (with nothing
+        # measured yet, the prior's verdict is the least informed one auto will ever make).
+        self._since = self.PROBE_MIN
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
         self._key = "none"
         self._longer = False  # the last draft was accepted whole: explore one position further
@@ -298,13 +320,12 @@ class AutoPolicy(Policy):
 
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         v = self.costs.verify_cost()
-        for name in self._since:
-            self._since[name] += 1
+        self._since += 1
         best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
         if self.model is not None:
-            k, s = self._draft_best(v, k_cap)
+            k, s = self._draft_best(v, k_cap, tokens=tokens)
             if k and s > best[0]:
                 best = (s, "draft", k, None)
         if self.lookup is not None:
@@ -318,8 +339,9 @@ class AutoPolicy(Policy):
                 behind = (best[1] == "draft" and self.model is not None
                           and len(tokens) - self.model.n_cached < self.CATCH_UP_WINDOW)
                 extra = self._catch_up_c() if behind else 0.0
-                k, s = costmodel.best_k(self._acc(lookup_key).estimate(), 0.0, v, len(prop),
-                                        per_accepted=extra)
+                acc = self._acc(lookup_key)
+                acc.prior = self._lookup_prior(lookup_key)
+                k, s = costmodel.best_k(acc.estimate(), 0.0, v, len(prop), per_accepted=extra)
                 if k and s > best[0]:
                     best = (s, lookup_key, k, Proposal(prop.tokens[:k], None))
 
@@ -327,27 +349,21 @@ class AutoPolicy(Policy):
         self._rival_s = s
         window = self.CATCH_UP_WINDOW
         self._declined = None
-        # Re-probing. An estimate only moves when its drafter runs, so one that is not chosen
-        # (it does not pay, or pays less than another) is tried now and then, with a backoff:
-        # lookup while the draft model pays (lookup costs nothing to propose, and a text that
-        # turns to copying its prompt would otherwise go unnoticed; during plain decoding its
-        # proposals are scored for free instead, below), the draft model when nothing is chosen.
-        if (lookup_prop is not None and key == "draft"
-                and self._since["lookup"] >= self._probe_every["lookup"]):
-            self._backoff("lookup")
-            key, k, s = lookup_key, min(2, len(lookup_prop)), 0.0
-            prop_ready = Proposal(lookup_prop.tokens[:k], None)
-        elif (self.model is not None and key == "none"
-              and self._since["draft"] >= self._probe_every["draft"]
-              and self._draft_best(v, k_cap, sure=True)[1] > self.PROBE_BAR):
-            self._backoff("draft")
+        # Re-probing. An estimate only moves when its drafter runs, so the draft model, when it
+        # is not chosen, is tried now and then, with a backoff. Lookup needs no re-try: its
+        # proposal costs nothing, and one not taken is scored against the tokens the step
+        # produces (observe_tokens), whatever ran instead. (Re-trying it with 2-token proposals
+        # while the draft model ran cost a draft step each, and a lucky 2/2 began a burst: on code
+        # auto came to 0.935 of the draft alone in model time, 0.957 with scoring instead; on a
+        # Stack class 0.916 and 0.963.)
+        if (self.model is not None and key == "none"
+                and self._since >= self._probe_every
+                and self._draft_best(v, k_cap, sure=True)[1] > self.PROBE_BAR):
+            self._since = 0
+            self._probe_every = min(self.PROBE_MAX, self._probe_every * 2)
             key, k, s = "draft", min(2, k_cap), 0.0
             window = self.PROBE_WINDOW
-        if lookup_prop is not None and key == "none":
-            # What lookup offered but did not get: checked against what plain decoding produces.
-            # (Not while the draft model runs: there lookup's short matches looked as good as
-            # the draft on code, and trading the draft for them lost more in the draft's
-            # catch-up than the estimates said: auto 1.13x vs 1.18x on a code prompt.)
+        if lookup_prop is not None and not key.startswith("lookup"):
             self._declined = (lookup_key, lookup_prop.tokens)
         self.last_choice = (key, k, s)
         self._key = key
@@ -355,10 +371,9 @@ class AutoPolicy(Policy):
         if key == "none":
             return "none", EMPTY
         if key.startswith("lookup"):
-            self._since["lookup"] = 0
             assert prop_ready is not None
             return "lookup", prop_ready
-        self._since["draft"] = 0
+        self._since = 0
         assert self.model is not None
         if self._longer and s > 0:
             # Positions past the chosen K are only learnt by drafting them: after a draft that
@@ -367,6 +382,21 @@ class AutoPolicy(Policy):
         self._asked = k
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
 
+    def _lookup_prior(self, key: str) -> float:
+        """The prior of a match length's acceptance: its base prior, pooled with what the other
+        match lengths have shown on this text (counted as they are, the base as PRIOR_N
+        observations). A length seldom matched learns from the others: on QA over a passage,
+        fresh 1- and 2-token matches had been drafted at K = 2-3 from the generic priors
+        while every length was right ~90% of the time (auto 0.91 -> 0.95 of lookup's speed;
+        the story, where every length is wrong, 0.97 -> 1.00 of the target's)."""
+        base = self.PRIOR_ACCEPT_LOOKUP_1 if key == "lookup:1" else self.PRIOR_ACCEPT["lookup"]
+        h = n = 0.0
+        for other, a in self.acc.items():
+            if other != key and other.startswith("lookup"):
+                h += sum(a.hits)
+                n += sum(a.tries)
+        return (h + _Acceptance.PRIOR_N * base) / (n + _Acceptance.PRIOR_N)
+
     def _catch_up_c(self) -> float:
         """A catch-up row of the draft model, relative to a target step."""
         t1 = self.costs.t1()
@@ -374,13 +404,24 @@ class AutoPolicy(Policy):
             return self._draft_c()
         return self.costs.catch_up_row / t1
 
-    def _draft_best(self, v: costmodel.VerifyCost, k_cap: int, sure: bool = False) -> tuple[int, float]:
+    def _draft_best(self, v: costmodel.VerifyCost, k_cap: int, sure: bool = False,
+                    tokens: list[int] | None = None) -> tuple[int, float]:
         """The draft model's best K and predicted speed-up; ``sure``: were every proposal
         accepted (a probe learns acceptance; where even that would not pay, as where the draft
-        would mostly stop, there is nothing to probe for)."""
-        go = 1.0 - self.stop.p if self.model is not None and self.model.p_min > 0.0 else 1.0
+        would mostly stop, there is nothing to probe for; judged on the slow stop rate).
+        ``tokens``: price the catch-up the draft owes on them (see CATCH_UP_HORIZON)."""
+        stop = self.stop_slow if sure else self.stop
+        floor = self.model is not None and self.model.p_min > 0.0
+        go = 1.0 - stop.p if floor else 1.0
+        go_on = self.go_on.p if floor else 1.0
         acc = [1.0] * self.draft_max if sure else self._acc("draft").estimate()
-        return costmodel.best_k(acc, self._draft_c(), v, k_cap, go=go)
+        fixed = 0.0
+        if tokens is not None and self.model is not None:
+            # Rows beyond a normal step's one or two (the pending token; a whole draft's last).
+            owed = min(len(tokens) - self.model.n_cached, self.CATCH_UP_WINDOW) - 2
+            if owed > 0:
+                fixed = owed * self._catch_up_c() / self.CATCH_UP_HORIZON
+        return costmodel.best_k(acc, self._draft_c(), v, k_cap, go=go, fixed=fixed, go_on=go_on)
 
     def _observe_draft(self, steps: int, draft_s: float) -> None:
         """The draft's time for the step, less a long catch-up beyond its first row: a draft
@@ -395,8 +436,8 @@ class AutoPolicy(Policy):
         """Free evidence for a declined lookup proposal: the step's tokens say how much of it
         the target would have accepted (greedy: exactly; sampled: each position is accepted with
         the probability the target gives the proposed token, which is also the chance that it
-        samples that token, so the estimate stays unbiased). Without this an estimate that fell
-        below paying moved only on probes."""
+        samples that token, so the estimate stays unbiased). Whatever ran instead: plain
+        decoding or the draft model (a draft step scores it as far as the step got)."""
         declined, self._declined = self._declined, None
         if declined is None or not tokens:
             return
@@ -413,9 +454,13 @@ class AutoPolicy(Policy):
         return self.model.p_min if self.model is not None else 0.0
 
     def observe_confidence(self, sure: bool) -> None:
-        """A plain step's target was (not) sure of its token at --draft-p-min: where it is not,
-        the draft model (a smaller model of the same text) would mostly have stopped."""
-        self.stop.update(not sure)
+        """The target was (not) sure at a plain or lookup step's first position at --draft-p-min:
+        where it is not, the draft model (a smaller model of the same text) would mostly have
+        stopped; after a sure plain step, whether it went on being sure (``go_on``)."""
+        self._stopped(not sure)
+        if self._prev_sure:
+            self.go_on.update(sure)
+        self._prev_sure = sure
 
     def observe_declined(self, name: str, draft_s: float) -> None:
         """A draft attempt that proposed nothing: it cost a draft step and the step decoded
@@ -425,20 +470,21 @@ class AutoPolicy(Policy):
         drafts at 0.98: auto 1.12x vs the draft's 1.47x)."""
         if name != "draft":
             return
-        self.stop.update(True)
+        self._stopped(True)
+        self._prev_sure = False
         self._observe_draft(1, draft_s)
-        self._end_burst("draft")
+        self._end_burst()
 
-    def _end_burst(self, name: str) -> None:
-        """A probe that got nothing ends a burst of probes (below, after a fully accepted draft):
-        on a story, lucky 1/1 and 2/2 probes were followed by a run of probes that proposed
-        nothing, each paying a catch-up (declined probes: 6.7% of the run)."""
+    def _stopped(self, hit: bool) -> None:
+        self.stop.update(hit)
+        self.stop_slow.update(hit)
+
+    def _end_burst(self) -> None:
+        """A re-try that got nothing ends a burst of re-tries (observe, after a fully accepted
+        draft): on a story, lucky 1/1 and 2/2 re-tries were followed by a run that proposed
+        nothing, each paying a catch-up (declined re-tries: 6.7% of the run)."""
         if self._probing:
-            self._probe_every[name] = max(self._probe_every[name], self.PROBE_MIN)
-
-    def _backoff(self, name: str) -> None:
-        self._since[name] = 0
-        self._probe_every[name] = min(self.PROBE_MAX, self._probe_every[name] * 2)
+            self._probe_every = max(self._probe_every, self.PROBE_MIN)
 
     def _lookup_key(self) -> str:
         return f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
@@ -447,31 +493,31 @@ class AutoPolicy(Policy):
         self.costs.observe_verify(k + 1, verify_s)
         if name == "none" or k == 0:
             return
-        self._longer = n_accepted == k
+        self._prev_sure = False
         key = self._key if self._key.startswith(name) else name
         acc = self._acc(key)
         acc.update(k, n_accepted)
-        if name == "draft":
-            stopped = k < self._asked
-            # A draft that stopped under --draft-p-min decoded its last proposal too, to find
-            # its next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k,
-            # 1-token drafts priced the draft at c = 0.43 on a code prompt where it costs 0.30.
-            self._observe_draft(k + 1 if stopped else k, draft_s)
-            for _ in range(k):
-                self.stop.update(False)
-            if stopped:
-                self.stop.update(True)
-        # A fully accepted draft re-probes at once (a burst that quickly corrects a stale,
+        self._longer = name == "draft" and n_accepted == k
+        if name != "draft":
+            return
+        stopped = k < self._asked
+        # A draft that stopped under --draft-p-min decoded its last proposal too, to find its
+        # next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k, 1-token
+        # drafts priced the draft at c = 0.43 on a code prompt where it costs 0.30.
+        self._observe_draft(k + 1 if stopped else k, draft_s)
+        self._stopped(False)  # it proposed its first token
+        for _ in range(k - 1):
+            self.go_on.update(True)
+        if stopped:
+            self.go_on.update(False)
+        # A fully accepted draft re-tries at once (a burst that quickly corrects a stale,
         # pessimistic estimate); one that would have paid resets the backoff.
         if n_accepted == k:
-            self._probe_every[name] = 1
+            self._probe_every = 1
             return
         if n_accepted == 0:
-            self._end_burst(name)
-        v = self.costs.verify_cost()
-        # A probe resets the backoff only when it now beats what it displaced.
+            self._end_burst()
+        # A re-try resets the backoff only when it now beats what it displaced.
         bar = max(self.MARGIN, self._rival_s) if self._probing else self.MARGIN
-        now = self._draft_best(v, acc.k) if name == "draft" else costmodel.best_k(
-            acc.estimate(), 0.0, v, acc.k)
-        if now[1] > bar:
-            self._probe_every[name] = self.PROBE_MIN
+        if self._draft_best(self.costs.verify_cost(), acc.k)[1] > bar:
+            self._probe_every = self.PROBE_MIN
