@@ -31,7 +31,7 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
     ("model", str | None, _opt("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] on the hub.", panel=P_MODELS), None),
     ("model_draft", str | None, _opt("-md", "--model-draft", help="Draft model (overrides the pair's draft).", panel=P_MODELS), None),
     ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC), "auto"),
-    ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4).", panel=P_SPEC), None),
+    ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8).", panel=P_SPEC), None),
     ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying.", panel=P_SPEC), 0),
     ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never).", panel=P_SPEC), 0.6),
     ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC), "rejection"),
