@@ -279,10 +279,16 @@ class AutoPolicy(Policy):
 
     def _fresh(self) -> None:
         self.costs = _Costs()
-        # How often the draft model stops where it is unsure (--draft-p-min): from its own
-        # attempts, and on plain steps from the target's confidence, a free stand-in (SmolLM2
-        # at 0.6: the target was that sure on 88% of the code prompts' tokens, 41% of a story's).
+        # How often the draft model stops at its first token, unsure (--draft-p-min): from its
+        # own attempts, and on plain and lookup steps from the target's confidence, a free
+        # stand-in (SmolLM2 at 0.6: the target was that sure on 88% of the code prompts' tokens,
+        # 41% of a story's).
         self.stop = _Rate(self.PRIOR_STOP)
+        # The same, slower, for the probe gate only (PROBE_BAR). On a story (the target sure at
+        # 41% of positions) the fast estimate's noise (sd ~0.14 at alpha 0.15) dipped it far
+        # enough, now and then, for a perfect draft to look like it would pay 15%, and each such
+        # probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128 tokens).
+        self.stop_slow = _Rate(self.PRIOR_STOP, alpha=self.STOP_SLOW_ALPHA)
         # How often it goes on past a position once it has proposed the token before: sureness
         # comes in stretches (on code the target was sure after a sure token 91-94% of the time,
         # 47-71% after an unsure one; on a story 40% and 43%), so one stop rate for every
@@ -292,11 +298,6 @@ class AutoPolicy(Policy):
         # and from consecutive plain steps (the target's sureness after a sure token).
         self.go_on = _Rate(self.PRIOR_GO_ON)
         self._prev_sure = False  # the last step was plain and its target sure
-        # The same, slower, for the probe gate only (PROBE_BAR). On a story (the target sure at
-        # 41% of positions) the fast estimate's noise (sd ~0.14 at alpha 0.15) dipped it far
-        # enough, now and then, for a perfect draft to look like it would pay 15%, and each such
-        # probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128 tokens).
-        self.stop_slow = _Rate(self.PRIOR_STOP, alpha=self.STOP_SLOW_ALPHA)
         self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, _Acceptance] = {}
         self._probe_every = self.PROBE_MIN  # steps between re-tries of the draft model
