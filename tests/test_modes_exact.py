@@ -378,3 +378,52 @@ def test_sampled_lookup_has_the_target_distribution(memo_target, lookup_setup, m
         assert df >= 20 and pv > ALPHA, (name, results[name])
     for name in ("always accept", "resample from p"):
         assert results[name][2] < ALPHA, f"{name} passed the test: it has no power {results[name]}"
+
+
+def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_target, smol_draft):
+    """auto learns how often the draft model stops from the target's sureness, for free, at the
+    first position of every plain and lookup step; not at a draft model's step (its own stops
+    count there), nor at a step whose draft attempt proposed nothing (that stop is counted
+    already: counting the target's doubt at the same position too inflated the stop rate)."""
+    steps: list[dict] = []
+    from specrun.cli import chat_tokens
+
+    code = chat_tokens(smol_target, smol_target.chat_template(), [{
+        "role": "user", "content": "Write a Python function `merge_sorted(a, b)` that merges two "
+                                   "sorted lists into one sorted list, with a docstring."}])
+    for toks in (smol_target.tokenize(PROMPTS["code-edit"], add_special=True),
+                 smol_target.tokenize(PROMPTS["story"], add_special=True), code):
+        engine = Engine(smol_target, smol_draft, SpecConfig(mode="auto", draft_max=4, draft_p_min=0.6))
+        pol = engine.policy
+        orig_draft, orig_conf = pol.draft, pol.observe_confidence
+        orig_obs, orig_dec = pol.observe, pol.observe_declined
+
+        def step() -> dict:
+            """The step under way (the last ones of a run skip policy.draft: nothing to draft)."""
+            if not steps or steps[-1]["name"] is not None:
+                steps.append({"conf": 0, "declined": False, "name": None})
+            return steps[-1]
+
+        def draft(*a, orig=orig_draft):
+            step()
+            return orig(*a)
+
+        def conf(sure, orig=orig_conf):
+            step()["conf"] += 1
+            orig(sure)
+
+        def obs(name, k, n_acc, ds, vs, orig=orig_obs):
+            step()["name"] = name
+            orig(name, k, n_acc, ds, vs)
+
+        def dec(name, ds, orig=orig_dec):
+            steps[-1]["declined"] = True
+            orig(name, ds)
+
+        pol.draft, pol.observe_confidence, pol.observe, pol.observe_declined = draft, conf, obs, dec
+        engine.run(toks, max_tokens=64, params=GREEDY, reuse_cache=False)
+    kinds = Counter("declined" if s["declined"] else s["name"] for s in steps)
+    assert kinds["lookup"] and kinds["none"] and kinds["draft"] and kinds["declined"], kinds
+    for s in steps:
+        want = 0 if s["declined"] or s["name"] == "draft" else 1
+        assert s["conf"] == want, s
