@@ -102,7 +102,12 @@ def prompt_text(key: str) -> str:
         from specrun.bench import load_suite
 
         _, prompts = load_suite("builtin")
-        return next(p for p in prompts if p.category == key[len("bench:"):]).turns[0]
+        found = [p for p in prompts if p.category == key[len("bench:"):]]
+        if not found:
+            raise SystemExit(f"no builtin bench prompt of category {key[len('bench:'):]!r}")
+        return found[0].turns[0]
+    if key not in PROMPTS:
+        raise SystemExit(f"unknown prompt {key!r}: one of {', '.join(PROMPTS)} or bench:CATEGORY")
     return PROMPTS[key]
 
 

@@ -16,9 +16,9 @@ Units: time is measured in "target tokens", the cost of one plain target decode 
   and go * go_on^(j-1) * (1 - go_on) for 0 < j < K. (Sureness comes in stretches: on code the
   target was sure after a sure token 91-94% of the time, after an unsure one 47-71%.) Each
   length j costs its own draft steps (j + 1, or K when whole) and a pass over j + 1 rows, and
-  yields ``1 + sum(cum_acc[:j])`` tokens; ``per_accepted`` adds a later
-  cost per accepted draft token (a draft model catching up on tokens another drafter proposed),
-  ``fixed`` a cost every attempt pays (a share of a pending catch-up).
+  yields ``1 + sum(cum_acc[:j])`` tokens; ``per_accepted`` adds a later cost per accepted draft
+  token (a draft model catching up on tokens another drafter proposed), ``fixed`` a cost every
+  attempt pays (a share of a pending catch-up).
 - A draft model never decodes its own last proposal within the attempt (nothing follows it);
   when all K are accepted it decodes it at the next step's catch-up, so an attempt accepted
   whole costs one draft step more: ``c * cum_acc[K-1]`` in expectation. (Left out, a K = 4
