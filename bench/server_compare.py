@@ -56,7 +56,7 @@ class Server:
                "--port", str(self.port), "-np", "1", "--no-webui", "-fa", "off"]
         if cfg.startswith("md:"):
             cmd += ["-md", str(draft), "--spec-draft-n-max", cfg[3:], "--spec-draft-n-min", "0",
-                    "--spec-draft-p-min", str(P_MIN), "-td", str(threads), "-cd", str(ctx)]
+                    "--spec-draft-p-min", str(P_MIN), "-td", str(threads)]
         elif cfg != "none":
             cmd += ["--spec-type", cfg]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -36,6 +36,7 @@ from typing import Any
 from .costmodel import expected_tokens
 from .engine import Engine, SpecConfig
 from .errors import SpecrunError, UsageError
+from .loader import calibrate_auto
 from .sampling import SamplingParams
 from .stats import SpecStats
 
@@ -212,7 +213,10 @@ def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequen
             spec = SpecConfig(mode=cfg.mode, draft_max=cfg.draft_max, draft_min=min(draft_min, cfg.draft_max),
                               draft_p_min=draft_p_min, verify=verify, lookup_min=lookup_min,
                               lookup_max=lookup_max)
-            engines.append((cfg, Engine(target, draft, spec)))
+            engine = Engine(target, draft, spec)
+            if engine.mode == "auto":  # as generate starts it: from the measured pass costs
+                calibrate_auto(engine)
+            engines.append((cfg, engine))
         except SpecrunError as exc:
             skipped.append(Skipped(cfg, str(exc)))
     return engines, skipped
