@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import paths
-from .errors import ModelError, PullError, RegistryError
+from .errors import ModelError, PullError, RegistryError, UsageError
 
 ProgressFn = Callable[[str, int, "int | None"], None]  # (description, bytes_done, bytes_total)
 
@@ -293,10 +293,10 @@ def _parse_model(src: _Source, name: str, raw: Any) -> ModelEntry:
         return ModelEntry(derive_from=d["from"], quant=d["quant"].upper(), **common)
 
     if source == "hf":
-        repo = raw["hf"]
-        if not isinstance(repo, str) or not _HUB_SPEC_RE.match(repo):
+        hub = parse_hub_spec(raw["hf"]) if isinstance(raw["hf"], str) else None
+        if hub is None:
             raise src.error("models", name, 'hf must be "USER/REPO" (or "USER/REPO:QUANT")', "hf")
-        repo, _, quant = repo.partition(":")
+        repo, quant = hub
         file = raw.get("file")
         if file is not None and not (isinstance(file, str) and file):
             raise src.error("models", name, "file must be a string", "file")
@@ -592,16 +592,19 @@ def hf_offline() -> bool:
 
 
 def hf_cache_dir() -> Path:
-    """huggingface-hub's cache, read from the environment now (the library reads it at import)."""
+    """The Hugging Face hub cache, read from the environment now (the library reads it at import).
+
+    As llama.cpp's ``-hf`` looks for it (common/hf-cache.cpp): ``$LLAMA_CACHE`` first, then
+    huggingface-hub's own ``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``$XDG_CACHE_HOME/huggingface/hub``,
+    ``~/.cache/huggingface/hub``; so specrun, llama.cpp and huggingface-hub share one download.
+    """
     env = os.environ
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    for var in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(var):
             return Path(os.path.expandvars(os.path.expanduser(env[var])))
     if env.get("HF_HOME"):
         return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub"
-    xdg = env.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
+    return paths.cache_home() / "huggingface" / "hub"
 
 
 def _hf_endpoint() -> str | None:
@@ -618,31 +621,58 @@ def _split_parts(filename: str) -> list[str]:
     return [f"{stem}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
 
 
-def pick_gguf(files: Iterable[str], quant: str | None, fallback: bool = True) -> str | None:
-    """llama.cpp's -hf rule: the .gguf whose name carries the quant tag (case-insensitive).
+# Files in a GGUF repo that are not the model itself (llama.cpp's gguf_filename_is_model): the
+# vision projector, an importance matrix, and the speculative sidecars (MTP heads, EAGLE-3,
+# DFlash and DSpark drafters). Matched in the file's name, case-sensitively, as llama.cpp does.
+NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+DEFAULT_HF_QUANTS = (DEFAULT_HF_QUANT, "Q8_0")  # llama.cpp's -hf preference without a tag
 
-    mmproj files and non-first split parts are skipped. Without a tag, Q4_K_M is preferred and,
-    when ``fallback``, the first GGUF otherwise.
+
+def is_model_gguf(path: str) -> bool:
+    base = path.rsplit("/", 1)[-1]
+    return base.endswith(".gguf") and not any(k in base for k in NOT_A_MODEL)
+
+
+def pick_gguf(files: Iterable[str], quant: str | None, fallback: bool = True) -> str | None:
+    """llama.cpp's -hf rule (common/download.cpp, find_best_model), in the repo's file order.
+
+    With a tag: the first model file whose path holds the tag followed by ``.`` or ``-``
+    (case-insensitive). Without one: Q4_K_M, then Q8_0 that way, then (when ``fallback``) the
+    first model file. Files that are not the model (``NOT_A_MODEL``) and the second and later
+    parts of a split file are never picked.
     """
     cands = []
     for f in files:
-        base = f.rsplit("/", 1)[-1].lower()
-        if not base.endswith(".gguf") or "mmproj" in base:
+        if not is_model_gguf(f):
             continue
-        m = _SPLIT_RE.search(base)
+        m = _SPLIT_RE.search(f)
         if m and int(m.group(1)) != 1:
             continue
         cands.append(f)
-    cands.sort(key=lambda f: (f.count("/"), len(f), f))
-    tag = (quant or DEFAULT_HF_QUANT).lower()
-    strict = re.compile(rf"(?<![a-z0-9]){re.escape(tag)}(?![a-z0-9_])", re.IGNORECASE)
-    for rule in (lambda f: bool(strict.search(f)), lambda f: tag in f.lower()):
-        hits = [f for f in cands if rule(f)]
-        if hits:
-            return hits[0]
+    for tag in [quant] if quant else DEFAULT_HF_QUANTS:
+        pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+        hit = next((f for f in cands if pattern.search(f)), None)
+        if hit is not None:
+            return hit
     if quant is None and fallback and cands:
         return cands[0]
     return None
+
+
+_HUB_HOSTS = ("hf.co/", "huggingface.co/", "https://hf.co/", "https://huggingface.co/")
+
+
+def parse_hub_spec(spec: str) -> tuple[str, str | None] | None:
+    """``USER/REPO[:QUANT]`` (llama.cpp's -hf) or Ollama's ``hf.co/USER/REPO[:QUANT]`` ->
+    (repo, QUANT or None); None when ``spec`` is neither. Ollama's ``:latest`` means no tag."""
+    for host in _HUB_HOSTS:
+        if spec.lower().startswith(host):
+            spec = spec[len(host) :]
+            break
+    if not _HUB_SPEC_RE.match(spec):
+        return None
+    repo, _, quant = spec.partition(":")
+    return repo, (quant.upper() if quant and quant.lower() != "latest" else None)
 
 
 def _quant_tags(files: Iterable[str]) -> list[str]:
@@ -985,7 +1015,13 @@ class Registry:
         """The repo file of an hf entry: named, or picked by quant tag from the cached snapshot."""
         if e.hf_file:
             return e.hf_file
-        return pick_gguf(_hf_cached_files(e.hf_repo or "", e.revision), e.quant, fallback=False)
+        cached = _hf_cached_files(e.hf_repo or "", e.revision)
+        if hf_offline():  # all there is: llama.cpp's whole rule over the cached files
+            return pick_gguf(cached, e.quant)
+        # Online, a cached file answers only when it is what the repo's whole listing would give:
+        # the tag's file, or for a bare USER/REPO a cached Q4_K_M (the first choice); a cached Q8_0
+        # may have been pulled by tag from a repo that also has a Q4_K_M.
+        return pick_gguf(cached, e.quant or DEFAULT_HF_QUANT, fallback=False)
 
     def local_path(self, name: str) -> Path:
         """Where the model's file lives, or would live once pulled (for hf: a best guess)."""
@@ -1313,9 +1349,8 @@ class Registry:
         if chosen is None:
             tags = _quant_tags(files)
             have = f" (it has: {', '.join(tags)})" if tags else " (it has no GGUF files)"
-            raise PullError(
-                f"no {quant or DEFAULT_HF_QUANT} GGUF in Hugging Face repo {repo}{have}"
-            )
+            what = f"{quant} GGUF" if quant else "GGUF model file"
+            raise PullError(f"no {what} in Hugging Face repo {repo}{have}")
         return chosen
 
     # -- resolving what the user typed -----------------------------------------------------------
@@ -1338,15 +1373,9 @@ class Registry:
         )
         if p.exists() and not p.is_file():
             raise ModelError(f"not a model file: {spec}")
-        if not looks_like_path and _HUB_SPEC_RE.match(spec):
-            repo, _, quant = spec.partition(":")
-            entry = ModelEntry(name=spec, source="hf", hf_repo=repo, quant=quant.upper() or None)
-            if not pull and not self._hub_present(entry):
-                raise ModelError(
-                    f"{spec} is not in the Hugging Face cache; run `specrun models pull {spec}`"
-                )
-            path = self._pull_hf(entry, progress or _noop, force=False)
-            return ResolvedModel(name=spec, path=path, entry=entry)
+        hub = None if looks_like_path else parse_hub_spec(spec)
+        if hub is not None:
+            return self.resolve_hub(hub[0], quant=hub[1], progress=progress, pull=pull, name=spec)
         if looks_like_path or "/" in spec or os.sep in spec:
             raise ModelError(f"model file not found: {spec}")
         if spec in self.pairs:
@@ -1355,6 +1384,28 @@ class Registry:
             f"unknown model {spec!r}{_suggest(spec, self.models)} "
             "(a GGUF path, a registry name or USER/REPO[:QUANT]; see `specrun models list`)"
         )
+
+    def resolve_hub(
+        self,
+        repo: str,
+        quant: str | None = None,
+        file: str | None = None,
+        progress: ProgressFn | None = None,
+        pull: bool = True,
+        name: str | None = None,
+    ) -> ResolvedModel:
+        """A hub repo's GGUF, chosen by quant tag (llama.cpp's rule, see ``pick_gguf``) or named
+        by ``file`` (llama.cpp's ``--hf-file``): from the cache, else downloaded."""
+        if parse_hub_spec(repo) != (repo, None):
+            raise UsageError(f"not a Hugging Face repo: {repo!r} (expected USER/REPO)")
+        spec = name or (f"{repo}/{file}" if file else f"{repo}:{quant}" if quant else repo)
+        entry = ModelEntry(name=spec, source="hf", hf_repo=repo, hf_file=file, quant=quant)
+        if not pull and not self._hub_present(entry):
+            raise ModelError(
+                f"{spec} is not in the Hugging Face cache; run `specrun models pull {spec}`"
+            )
+        path = self._pull_hf(entry, progress or _noop, force=False)
+        return ResolvedModel(name=spec, path=path, entry=entry)
 
     def _hub_present(self, e: ModelEntry) -> bool:
         file = self._hf_file(e)
