@@ -116,6 +116,8 @@ def test_spec_type_maps_onto_mode(spec_type, mode):
         (["-hf", "not-a-repo"], "-hf takes a Hugging Face repo"),
         (["-hf", "a/b", "-m", "x.gguf"], "give either -hf or -m"),
         (["--hf-file", "x.gguf"], "give -hf USER/REPO too"),
+        (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs takes a JSON object"),
+        (["--chat-template-kwargs", "{nope"], "--chat-template-kwargs takes a JSON object"),
     ],
 )
 def test_refused_by_name_in_one_line(args, needle):

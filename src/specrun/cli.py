@@ -126,7 +126,8 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     return text
 
 
-def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None) -> tuple[list[int], bool]:
+def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None,
+                        template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], bool]:
     """Tokens for the target: through its chat template (default when it has one) or raw."""
     template = target.chat_template()
     use_chat = bool(template) if chat is None else chat
@@ -138,15 +139,17 @@ def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str |
         return target.tokenize(text, add_special=True, parse_special=True), False
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return chat_tokens(target, template, messages), True
+    return chat_tokens(target, template, messages, template_kwargs=template_kwargs), True
 
 
-def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
     from .chat_template import render
 
     bos = target.token_text(target.bos).decode("utf-8", "replace") if target.bos >= 0 else ""
     eos = target.token_text(target.eos).decode("utf-8", "replace") if target.eos >= 0 else ""
-    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt)
+    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt,
+                      **(template_kwargs or {}))
     toks = target.tokenize(rendered, add_special=True, parse_special=True)
     if len(toks) >= 2 and toks[0] == toks[1] == target.bos:
         toks = toks[1:]  # the template wrote BOS and the tokenizer added another
@@ -179,6 +182,7 @@ def generate(
     prompt_file: Annotated[str | None, typer.Option("-p", "-f", "--prompt-file", "--file", help="Read the prompt from FILE (- = stdin); -f as llama.cpp.")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--raw", help="Apply the target's chat template (default when it has one).")] = None,
     system: Annotated[str | None, typer.Option("--system", help="System message (chat template only).")] = None,
+    template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")] = 256,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     n_completions: Annotated[int, typer.Option("-N", "--n-completions", help="Independent completions; completion i uses seed S+i.")] = 1,
@@ -203,12 +207,15 @@ def generate(
         raise UsageError("give the prompt once: PROMPT or --prompt, not both")
     if as_json and json_stream:
         raise UsageError("give either --json or --json-stream, not both")
+    from .chat_template import parse_kwargs
+
+    extra = parse_kwargs(template_kwargs)
     text = read_prompt(text if text is not None else prompt, prompt_file)
     structured = as_json or json_stream
     loaded = load_engine(opts, streams)
     try:
         engine = loaded.engine
-        tokens, _ = build_prompt_tokens(engine.target, text, chat, system)
+        tokens, _ = build_prompt_tokens(engine.target, text, chat, system, extra)
         engine.check_prompt(tokens)
         from contextlib import nullcontext
         from dataclasses import replace
