@@ -1498,76 +1498,71 @@ def _norm_project(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Writing the user's registry (`models check --save`, `draft make --name`)
 
-UserEntry = tuple[str, str, dict[str, "str | int"]]  # (section, name, keys to set)
+UserEntry = tuple[str, str, dict[str, Any]]  # (section, name, keys to set)
 
 
-def _toml_key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_value(name)
+def _find_table(doc: Any, section: str, name: str) -> Any:
+    """The ``[section.name]`` table of a tomlkit document, however the user spelled it: quoted
+    (``[pairs."qwen2.5-x"]``), dotted (``[models.qwen2.5-coder]`` is models -> qwen2 -> 5-coder
+    to TOML, as ``_flatten`` reads it), or inline (``mine = { ... }`` under ``[pairs]``)."""
+    from collections.abc import MutableMapping
+
+    def walk(tbl: Any, parts: list[str]) -> Any:
+        for i in range(len(parts), 0, -1):
+            key = ".".join(parts[:i])
+            if isinstance(tbl, MutableMapping) and key in tbl:
+                found = tbl[key] if i == len(parts) else walk(tbl[key], parts[i:])
+                if found is not None and isinstance(found, MutableMapping):
+                    return found
+        return None
+
+    top = doc.get(section)
+    return walk(top, name.split(".")) if isinstance(top, MutableMapping) else None
 
 
-def _toml_value(value: str | int) -> str:
-    import json
-
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f"cannot write {value!r} into models.toml")
-    # A JSON string is a valid TOML basic string (same quotes, same escapes).
-    return str(value) if isinstance(value, int) else json.dumps(value, ensure_ascii=False)
-
-
-def _table_span(lines: list[str], section: str, name: str) -> tuple[int, int] | None:
-    """0-based [header, end) of the ``[section.name]`` table written as a header, if any."""
-    start = None
-    for i, raw in enumerate(lines):
-        s = raw.strip()
-        if not s.startswith("["):
-            continue
-        if start is not None:
-            return start, i
-        inner = s[1 : s.find("]")] if "]" in s and not s.startswith("[[") else ""
-        if re.sub(r"[\"'\s]", "", inner) == f"{section}.{name}":
-            start = i
-    return None if start is None else (start, len(lines))
+def _set_key(table: Any, key: str, value: Any) -> None:
+    """Set ``key`` in a tomlkit table: in place (its indent and comment kept) when it is there,
+    else after the table's last key, before the blank lines and comments that head what follows."""
+    if key in table:
+        table[key] = value
+        return
+    body = getattr(getattr(table, "value", table), "body", None)
+    trail: list[Any] = []
+    if isinstance(body, list):
+        while body and body[-1][0] is None:  # whitespace and comments: they lead the next table
+            trail.insert(0, body.pop())
+    table[key] = value
+    if isinstance(body, list):
+        body.extend(trail)
 
 
 def edit_registry_text(text: str, entries: Iterable[UserEntry]) -> str:
     """Set keys of ``[section.name]`` tables in models.toml text, keeping everything else.
 
-    A key already in the table is rewritten on its own line; a missing key is added after the
-    table's last line; a missing table is appended. Only single-line values are rewritten: the
-    caller re-parses the result (a table the user wrote another way then shows up as an error).
+    tomlkit keeps the user's comments, layout and quoting: a key already in the table is
+    rewritten where it stands (any TOML value, a list spread over several lines too), a missing
+    key goes after the table's last key, a missing table is appended at the end of the file.
     """
-    lines = text.splitlines()
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise RegistryError(f"cannot edit the registry: invalid TOML: {exc}") from None
+    new: dict[tuple[str, str], dict[str, Any]] = {}
     for section, name, keys in entries:
-        span = _table_span(lines, section, name)
-        if span is None:
-            while lines and not lines[-1].strip():
-                lines.pop()
-            if lines:
-                lines.append("")
-            lines.append(f"[{section}.{_toml_key(name)}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+        table = None if (section, name) in new else _find_table(doc, section, name)
+        if table is None:
+            new.setdefault((section, name), {}).update(keys)
             continue
-        start, end = span
         for key, value in keys.items():
-            new = f"{key} = {_toml_value(value)}"
-            pat = re.compile(rf"^(\s*)[\"']?{re.escape(key)}[\"']?\s*=")
-            hits = ((i, pat.match(lines[i])) for i in range(start + 1, end))
-            hit = next(((i, m) for i, m in hits if m), None)
-            if hit is not None:
-                lines[hit[0]] = hit[1].group(1) + new
-                continue
-            # after the table's last key, not after a comment that heads the next table
-            last = max(
-                (
-                    i
-                    for i in range(start, end)
-                    if lines[i].strip() and not lines[i].lstrip().startswith("#")
-                ),
-                default=start,
-            )
-            lines.insert(last + 1, new)
-            end += 1
-    return "\n".join(lines) + "\n"
+            _set_key(table, key, value)
+    out = tomlkit.dumps(doc)
+    for (section, name), keys in new.items():
+        out = out.rstrip("\n") + "\n\n" if out.strip() else ""
+        out += tomlkit.dumps({section: {name: keys}}).lstrip("\n")
+    return out if out.endswith("\n") else out + "\n"
 
 
 def update_user_registry(entries: list[UserEntry], path: Path | None = None) -> Path:
