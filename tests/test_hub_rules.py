@@ -92,3 +92,70 @@ def test_models_list_shows_the_xdg_home(tmp_path: Path) -> None:
     rows = {r["name"]: r for r in json.loads(p.stdout) if r["kind"] == "model"}
     assert rows["smollm2-135m-instruct-q4_1"]["path"] == str(tmp_path / "xdg" / "specrun" / "models" / "smollm2-135m-instruct-q4_1.gguf")
     assert not rows["smollm2-135m-instruct-q4_1"]["present"]
+
+
+def test_models_rm_uses_the_hub_s_delete_strategy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two files of a repo with the same bytes share one blob: removing one keeps the blob for
+    the other (huggingface-hub's scan_cache_dir(...).delete_files), removing both frees it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hub_server import HubServer
+
+    from specrun.cli import main
+    from specrun.registry import Registry
+
+    for var in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "SPECRUN_MODELS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama"))
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path / "home"))
+    user = tmp_path / "models.toml"
+    user.write_text('[models.a]\nhf = "user/twin"\nfile = "a-Q8_0.gguf"\n\n'
+                    '[models.b]\nhf = "hf.co/user/twin"\nfile = "b-Q8_0.gguf"\n')
+    monkeypatch.setenv("SPECRUN_MODELS", str(user))
+    data = b"GGUF" + b"x" * 4096
+    with HubServer() as hub:
+        hub.add_repo("user/twin", {"a-Q8_0.gguf": data, "b-Q8_0.gguf": data, "c-Q4_0.gguf": b"GGUF c"})
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        for name in ("a", "b", "user/twin:Q4_0"):
+            assert main(["models", "pull", name]) == 0
+    capsys.readouterr()
+    blobs = tmp_path / "llama" / "models--user--twin" / "blobs"
+    assert len(list(blobs.iterdir())) == 2
+    a, b = Registry.load().local_path("a"), Registry.load().local_path("b")
+
+    assert main(["models", "rm", "a"]) == 0
+    assert capsys.readouterr().out == f"removed {a}\n"  # the link only: b still uses the blob
+    assert not a.exists() and b.read_bytes() == data and len(list(blobs.iterdir())) == 2
+
+    assert main(["models", "rm", "b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"removed {b}" and len(out) == 2 and out[1].startswith(f"removed {blobs}/")
+    assert len(list(blobs.iterdir())) == 1  # c's blob is untouched
+    assert not Registry.load().is_present("b")
+
+
+def test_the_huggingface_hub_floor_has_what_the_code_calls() -> None:
+    """pyproject's floor is the first release with every hub function specrun calls (checked
+    against that release itself, huggingface-hub 1.32.0, when the floor was set); the installed
+    one must be at least that, and have them."""
+    import inspect
+    import re
+    import tomllib
+    from importlib.metadata import version
+
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import HFCacheInfo
+
+    deps = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    spec = next(d for d in deps["project"]["dependencies"] if d.startswith("huggingface-hub"))
+    floor = tuple(int(x) for x in re.search(r">=([\d.]+)", spec).group(1).split("."))  # type: ignore[union-attr]
+    assert floor >= (1, 32)  # delete_files arrived in 1.32.0; http_get's tqdm_class in 1.1.0
+    installed = tuple(int(x) for x in re.findall(r"\d+", version("huggingface_hub"))[:2])
+    assert installed >= floor[:2]
+    assert hasattr(HFCacheInfo, "delete_files")
+    params = inspect.signature(file_download.http_get).parameters
+    assert {"resume_size", "headers", "expected_size", "displayed_filename", "tqdm_class"} <= set(params)
+    assert "xet_file_data" in inspect.signature(file_download.HfFileMetadata).parameters

@@ -1457,26 +1457,38 @@ class Registry:
         snap = _hf_cached_snapshot(e.hf_repo or "", e.revision)
         if not file or snap is None:
             return removed
-        repo_dir = snap.parent.parent
-        for part in _split_parts(file):
-            pointer = snap / part
-            if not pointer.is_file() and not pointer.is_symlink():
-                continue
-            blob = pointer.resolve()
-            try:
-                pointer.unlink()
-                removed.append(pointer)
-                others = [
-                    q
-                    for q in (repo_dir / "snapshots").rglob("*")
-                    if q.is_symlink() and q.resolve() == blob
-                ]
-                if blob != pointer and blob.is_file() and not others:
-                    blob.unlink()
-                    removed.append(blob)
-            except OSError as exc:
-                raise RegistryError(f"cannot remove {pointer}: {exc.strerror}") from None
-        return removed
+        return _hf_delete_files(e.hf_repo or "", [snap / part for part in _split_parts(file)])
+
+
+def _hf_delete_files(repo: str, paths: list[Path]) -> list[Path]:
+    """Delete cached hub files with huggingface-hub's own strategy (``scan_cache_dir`` then
+    ``delete_files``): the snapshot entries go, and a blob only when no other cached file of any
+    revision links to it. Returns what was deleted."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(hf_cache_dir())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # CacheNotFound, an unreadable folder
+        raise RegistryError(f"cannot read the Hugging Face cache {hf_cache_dir()}: {exc}") from None
+    wanted = {p.absolute() for p in paths}
+    files = [
+        f
+        for r in info.repos
+        if r.repo_type == "model" and r.repo_id == repo
+        for rev in r.revisions
+        for f in rev.files
+        if f.file_path.absolute() in wanted
+    ]
+    if not files:
+        return []
+    strategy = info.delete_files(*files)
+    strategy.execute()  # logs what it could not delete and goes on: look for yourself
+    left = [p for p in sorted(strategy.files) if p.is_symlink() or p.exists()]
+    if left:
+        raise RegistryError(f"cannot remove {left[0]} (check the folder's permissions)")
+    return sorted(strategy.files) + sorted(b for b in strategy.blobs if not b.exists())
 
 
 _PIP_OSERROR_RE = re.compile(r"\[Errno (\d+)\] ([^:'\"]+?)(?::\s*(.*))?$")
