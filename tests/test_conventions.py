@@ -216,3 +216,12 @@ def test_hf_flags_ollama_references_and_llama_cache(tmp_path, model_path):
         assert not any("/resolve/" in path for _m, path in hub.requests[before:])  # from the cache
         p = run([SPECRUN, "models", "pull", "hf.co/user/smol:Q2_K"], env=env)
         assert "no Q2_K GGUF in Hugging Face repo user/smol" in one_line_error(p, 1)
+
+
+@pytest.mark.parametrize("argv", [["models", "check", "--pair", "smollm2-135m", "--no-probe"],
+                                  ["draft", "make", "-m", SMOL_Q4_1]])
+def test_ngl_words_on_the_commands_with_their_own_ngl(argv):
+    p = run([SPECRUN, *argv, "-ngl", "lots"], timeout=60)
+    assert "--ngl takes a number of layers, auto or all" in one_line_error(p)
+    p = run([SPECRUN, "models", "check", "--pair", "smollm2-135m", "--no-probe", "--ngl", "all"], timeout=120)
+    assert p.returncode == 0, p.stderr

@@ -258,8 +258,8 @@ def check(
         int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
     ] = None,
     ngl: Annotated[
-        int, typer.Option("--ngl", help="Layers offloaded to the GPU, both models (-1 = all).")
-    ] = -1,
+        str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU, both models (N, auto or all; -1 = all).")
+    ] = "auto",
     save: Annotated[
         bool,
         typer.Option(
@@ -298,6 +298,9 @@ def check(
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    from .options import parse_ngl
+
+    ngl_n = parse_ngl(ngl, "--ngl")
 
     reg = _load(verbose)
     with PullDisplay() as show:
@@ -323,7 +326,7 @@ def check(
         draft,
         settings if probe_run else None,
         threads=threads,
-        ngl=ngl,
+        ngl=ngl_n,
         verbose=verbose,
         quiet=as_json,
     )
