@@ -159,3 +159,17 @@ def test_the_huggingface_hub_floor_has_what_the_code_calls() -> None:
     params = inspect.signature(file_download.http_get).parameters
     assert {"resume_size", "headers", "expected_size", "displayed_filename", "tqdm_class"} <= set(params)
     assert "xet_file_data" in inspect.signature(file_download.HfFileMetadata).parameters
+
+
+def test_readme_tables_name_every_flag() -> None:
+    """Each shared option, and each llama.cpp spelling accepted for it, is in README's tables."""
+    from specrun.options import ALIASES, MODEL_OPTIONS, SAMPLING_OPTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    tables = "\n".join(line for line in readme.splitlines() if line.startswith("|"))
+    flags = [d.split("/")[0] for _n, _t, o, _d in MODEL_OPTIONS + SAMPLING_OPTIONS for d in o.param_decls]
+    flags += [a for names in ALIASES.values() for a in names if a not in ("--gpu-layers", "--gpu-layers-draft")]
+    missing = [f for f in flags if f not in tables]
+    assert not missing, missing
+    for word in ("llama.cpp", "Ollama", "hf.co/USER/REPO", "--spec-type", "num_ctx", "num_predict"):
+        assert word in tables, word
