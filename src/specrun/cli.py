@@ -75,6 +75,22 @@ def _stdin_has_input() -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
 
 
+def _hint_while_stdin_is_silent(wait: float = 5.0) -> None:
+    """A prompt was given and stdin is a pipe, read to its end (as `llm` does): on a terminal,
+    say so when nothing has come after a while, in case the pipe was not meant for specrun."""
+    if not sys.stderr.isatty():
+        return
+    try:
+        import select
+
+        ready, _, _ = select.select([sys.stdin], [], [], wait)
+    except (OSError, ValueError):
+        return
+    if not ready:
+        print("specrun: reading the text piped on stdin (it goes before the prompt; "
+              "</dev/null for none)", file=sys.stderr, flush=True)
+
+
 def _read_bytes(where: str, prompt_file: str | None) -> bytes:
     if where == "stdin":
         return sys.stdin.buffer.read()
@@ -113,6 +129,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     if prompt is not None:
         text = prompt
         if _stdin_has_input():
+            _hint_while_stdin_is_silent()
             piped = _decode(_read_bytes("stdin", None), "stdin")
             if piped.strip():
                 text = piped + ("" if piped.endswith("\n") else "\n") + prompt
