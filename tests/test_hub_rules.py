@@ -135,6 +135,11 @@ def test_models_rm_uses_the_hub_s_delete_strategy(
     assert out[0] == f"removed {b}" and len(out) == 2 and out[1].startswith(f"removed {blobs}/")
     assert len(list(blobs.iterdir())) == 1  # c's blob is untouched
     assert not Registry.load().is_present("b")
+    # a hub reference, as it was pulled
+    assert main(["models", "rm", "hf.co/user/twin:q4_0"]) == 0
+    assert capsys.readouterr().out.startswith("removed ") and list(blobs.iterdir()) == []
+    assert main(["models", "rm", "user/twin:Q4_0"]) == 0
+    assert "nothing to remove" in capsys.readouterr().err
 
 
 def test_the_huggingface_hub_floor_has_what_the_code_calls() -> None:

@@ -195,7 +195,7 @@ def load_engine(opts: Any, streams: Streams) -> Any:
 def generate(
     click_ctx: typer.Context,
     text: Annotated[str | None, typer.Argument(metavar="PROMPT", help="The prompt text (as `llm` and `ollama run` take it); piped stdin goes before it.", show_default=False)] = None,
-    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text (piped stdin goes before it).", envvar="SPECRUN_PROMPT")] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text (piped stdin goes before it).")] = None,
     prompt_file: Annotated[str | None, typer.Option("-p", "-f", "--prompt-file", "--file", help="Read the prompt from FILE (- = stdin); -f as llama.cpp.")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--raw", help="Apply the target's chat template (default when it has one).")] = None,
     system: Annotated[str | None, typer.Option("--system", help="System message (chat template only).")] = None,

@@ -537,7 +537,7 @@ def _check_files(names: list[str] | None) -> None:
 @app.command()
 def rm(
     name: Annotated[
-        str, typer.Argument(help="A pulled or derived model, or a pair (both models).")
+        str, typer.Argument(help="A pulled or derived model, a hub reference as pulled (USER/REPO[:QUANT], hf.co/USER/REPO[:QUANT]), or a pair (both models).")
     ],
 ) -> None:
     """Delete a pulled or derived model's files (never a `path` model's)."""

@@ -1433,8 +1433,13 @@ class Registry:
         return None
 
     def remove(self, name: str) -> list[Path]:
-        """Delete a pulled or derived model's files; a `path` model's file is never touched."""
-        e = self.model(name)
+        """Delete a pulled or derived model's files; a `path` model's file is never touched.
+        ``name`` may also be a hub reference (``USER/REPO[:QUANT]``, ``hf.co/...``) as pulled."""
+        hub = parse_hub_spec(name) if name not in self.models else None
+        if hub is not None:
+            e = ModelEntry(name=name, source="hf", hf_repo=hub[0], quant=hub[1])
+        else:
+            e = self.model(name)
         if e.source == "path":
             raise RegistryError(
                 f"{name} is a `path` model ({e.path}); specrun does not delete files it did not fetch"
