@@ -99,10 +99,10 @@ SPEC_TYPE_MODES = {
     "ngram-cache": "lookup",
 }
 SPEC_TYPES_REFUSED = {
-    "draft-mtp": "a model's own multi-token-prediction head",
-    "draft-eagle3": "an EAGLE-3 draft head",
-    "draft-dflash": "a DFlash drafter",
-    "draft-dspark": "a DSpark drafter",
+    "draft-mtp": "multi-token-prediction (MTP) heads",
+    "draft-eagle3": "EAGLE-3 draft heads",
+    "draft-dflash": "DFlash drafters",
+    "draft-dspark": "DSpark drafters",
 }
 
 
@@ -113,8 +113,8 @@ def mode_for_spec_type(value: str) -> str:
     for name in (t.strip().lower() for t in value.split(",")):
         if name in SPEC_TYPES_REFUSED:
             raise UsageError(
-                f"--spec-type {name}: specrun has no {SPEC_TYPES_REFUSED[name]} drafter; it offers "
-                "none, draft-simple (--mode draft) and the n-gram types (--mode lookup)"
+                f"--spec-type {name}: specrun has no {SPEC_TYPES_REFUSED[name]}; it offers none, "
+                "draft-simple (--mode draft) and the n-gram types (--mode lookup)"
             )
         if name not in SPEC_TYPE_MODES:
             known = ", ".join([*SPEC_TYPE_MODES, *SPEC_TYPES_REFUSED])
