@@ -121,7 +121,7 @@ def test_spec_type_maps_onto_mode(spec_type, mode):
     ],
 )
 def test_refused_by_name_in_one_line(args, needle):
-    p = run([SPECRUN, "generate", "--prompt", "hi", *args], timeout=60)
+    p = run([SPECRUN, "generate", "--prompt", "hi", *args])
     assert needle in one_line_error(p)
 
 
@@ -221,7 +221,7 @@ def test_hf_flags_ollama_references_and_llama_cache(tmp_path, model_path):
 @pytest.mark.parametrize("argv", [["models", "check", "--pair", "smollm2-135m", "--no-probe"],
                                   ["draft", "make", "-m", SMOL_Q4_1]])
 def test_ngl_words_on_the_commands_with_their_own_ngl(argv):
-    p = run([SPECRUN, *argv, "-ngl", "lots"], timeout=60)
+    p = run([SPECRUN, *argv, "-ngl", "lots"])
     assert "--ngl takes a number of layers, auto or all" in one_line_error(p)
-    p = run([SPECRUN, "models", "check", "--pair", "smollm2-135m", "--no-probe", "--ngl", "all"], timeout=120)
+    p = run([SPECRUN, "models", "check", "--pair", "smollm2-135m", "--no-probe", "--ngl", "all"])
     assert p.returncode == 0, p.stderr
