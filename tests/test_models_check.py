@@ -87,10 +87,45 @@ def test_edit_keeps_everything_else() -> None:
     for line in USER_TOML.splitlines():
         if "draft_max" not in line:
             assert line in new.splitlines(), line
-    assert "  draft_max = 6" in new.splitlines()  # rewritten in place, indent kept
+    # rewritten in place, indent and comment kept (tomlkit)
+    assert "  draft_max = 6   # indented, with a comment" in new.splitlines()
     # a key added to a table goes after its last key, not after the next table's heading comment
     lines = new.splitlines()
     assert lines[lines.index('[pairs."qwen2.5-x"]') + 3] == "draft_max = 2"
+
+
+def test_edit_any_toml_value_the_user_wrote() -> None:
+    """Issue 21: what a line editor could not do: values over several lines, inline tables,
+    dotted table names, a key added before the comment that heads the next table."""
+    text = textwrap.dedent(
+        """\
+        [models.qwen2.5-coder]   # dotted: models -> qwen2 -> 5-coder to TOML
+        package = [
+            "part1==1.0",  # first part
+            "part2==1.0",
+        ]
+        file = ["a.part00", "b.part01"]
+
+        # my pairs, written inline
+        [pairs]
+        quick = { target = "qwen2.5-coder", draft = "qwen2.5-coder" }
+        """
+    )
+    new = edit_registry_text(
+        text,
+        [
+            ("models", "qwen2.5-coder", {"package": ["part1==2.0", "part2==2.0"], "sha256": "ab" * 32}),
+            ("pairs", "quick", {"draft_max": 5}),
+        ],
+    )
+    data = tomllib.loads(new)
+    assert data["models"]["qwen2"]["5-coder"]["package"] == ["part1==2.0", "part2==2.0"]
+    assert data["models"]["qwen2"]["5-coder"]["sha256"] == "ab" * 32
+    assert data["pairs"]["quick"] == {"target": "qwen2.5-coder", "draft": "qwen2.5-coder", "draft_max": 5}
+    lines = new.splitlines()
+    assert lines[0] == "[models.qwen2.5-coder]   # dotted: models -> qwen2 -> 5-coder to TOML"
+    assert lines.index("# my pairs, written inline") > lines.index(f'sha256 = "{"ab" * 32}"')
+    assert new.count("[models.") == 1 and "[pairs]" in lines  # no second table for either
 
 
 def test_update_user_registry_validates_locks_and_replaces(

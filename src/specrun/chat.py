@@ -67,8 +67,10 @@ class ChatSession:
         system: str | None = None,
         notice: Callable[[str], None] | None = None,
         info: dict[str, Any] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        self.template_kwargs = dict(template_kwargs or {})  # --chat-template-kwargs
         target = engine.target
         template = target.chat_template()
         if not template:
@@ -158,7 +160,8 @@ class ChatSession:
         from .chat_template import render
 
         full = ([{"role": "system", "content": self.system}] if self.system else []) + messages
-        return render(self.template, full, bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True)
+        return render(self.template, full, bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True,
+                      **self.template_kwargs)
 
     def _tokenize_all(self, text: str) -> list[int]:
         target = self.engine.target

@@ -72,6 +72,7 @@ def register(app: typer.Typer) -> None:
     @model_options()
     def chat(
         system: Annotated[str | None, typer.Option("--system", help="System message.")] = None,
+        template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
         max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens per reply at most.")] = 512,
         live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer while a reply streams (default: on a terminal).")] = None,
         color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
@@ -89,17 +90,21 @@ def register(app: typer.Typer) -> None:
 
         if max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
+        from .chat_template import parse_kwargs
+
+        extra = parse_kwargs(template_kwargs)
         streams = Streams.detect()
         loaded = load_engine(opts, streams)
         try:
             _run(loaded, params, max_tokens, system, live, color, stats, streams,
-                 None if str(history) == "-" else (history or state_dir() / "chat_history"))
+                 None if str(history) == "-" else (history or state_dir() / "chat_history"), extra)
         finally:
             loaded.close()
 
 
 def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bool | None,
-         color: bool | None, stats: bool, streams: Streams, history: Path | None) -> None:
+         color: bool | None, stats: bool, streams: Streams, history: Path | None,
+         template_kwargs: dict[str, Any] | None = None) -> None:
     from .chat import ChatSession, handle_command, read_message
     from .display import make_sink
     from .engine import Result
@@ -116,7 +121,7 @@ def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bo
 
     info = {"target": describe(loaded.plan.target), "draft": describe(loaded.plan.draft)}
     session = ChatSession(engine, params=params, max_tokens=max_tokens, system=system,
-                          notice=lambda m: say(f"specrun: {m}"), info=info)
+                          notice=lambda m: say(f"specrun: {m}"), info=info, template_kwargs=template_kwargs)
     if streams.stderr_tty:
         draft = f" + draft {loaded.plan.draft.name}" if loaded.plan.draft and engine.mode != "none" else ""
         k = f" K={engine.config.draft_max}" if engine.mode != "none" else ""

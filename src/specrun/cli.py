@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,45 +63,88 @@ def _pull_progress(enabled: bool) -> Any:
     return RichPullProgress()
 
 
+def _stdin_has_input() -> bool:
+    """stdin is a pipe or a file (`git diff | specrun ...`, `< file`): not a terminal, and not a
+    character device such as /dev/null, which a job started without input inherits."""
+    try:
+        if sys.stdin.isatty():
+            return False
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode) or stat.S_ISSOCK(mode)
+
+
+def _hint_while_stdin_is_silent(wait: float = 5.0) -> None:
+    """A prompt was given and stdin is a pipe, read to its end (as `llm` does): on a terminal,
+    say so when nothing has come after a while, in case the pipe was not meant for specrun."""
+    if not sys.stderr.isatty():
+        return
+    try:
+        import select
+
+        ready, _, _ = select.select([sys.stdin], [], [], wait)
+    except (OSError, ValueError):
+        return
+    if not ready:
+        print("specrun: reading the text piped on stdin (it goes before the prompt; "
+              "</dev/null for none)", file=sys.stderr, flush=True)
+
+
+def _read_bytes(where: str, prompt_file: str | None) -> bytes:
+    if where == "stdin":
+        return sys.stdin.buffer.read()
+    path = Path(prompt_file or "")
+    if path.is_dir():
+        raise UsageError(f"prompt file is a directory: {path}")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"prompt file not found: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read prompt file {path}: {exc.strerror}") from None
+
+
+def _decode(data: bytes, where: str) -> str:
+    if b"\x00" in data:
+        raise UsageError(f"the prompt from {where} looks binary (it has NUL bytes); specrun reads text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(
+            f"specrun: warning: the prompt from {where} is not valid UTF-8 (first bad byte at "
+            f"offset {exc.start}); decoded with replacement characters",
+            file=sys.stderr,
+        )
+        return data.decode("utf-8", errors="replace")
+
+
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """--prompt TEXT, -p FILE (- = stdin), or stdin when it is not a terminal."""
+    """--prompt TEXT (or the positional PROMPT), -p/-f FILE (- = stdin), or stdin.
+
+    Text piped in beside a prompt comes first, then the prompt on its own line, as simonw's
+    `llm` does (`git diff | specrun generate "write a commit message"`)."""
     if prompt is not None and prompt_file is not None:
-        raise UsageError("give either --prompt or -p/--prompt-file, not both")
+        raise UsageError("give either a prompt or -p/-f FILE, not both")
     if prompt is not None:
         text = prompt
+        if _stdin_has_input():
+            _hint_while_stdin_is_silent()
+            piped = _decode(_read_bytes("stdin", None), "stdin")
+            if piped.strip():
+                text = piped + ("" if piped.endswith("\n") else "\n") + prompt
     else:
         if prompt_file is None and sys.stdin.isatty():
-            raise UsageError("no prompt: use --prompt TEXT, -p FILE, or pipe text on stdin")
-        where = "stdin" if prompt_file in (None, "-") else prompt_file
-        if where == "stdin":
-            data = sys.stdin.buffer.read()
-        else:
-            path = Path(prompt_file or "")
-            if path.is_dir():
-                raise UsageError(f"prompt file is a directory: {path}")
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                raise UsageError(f"prompt file not found: {path}") from None
-            except OSError as exc:
-                raise UsageError(f"cannot read prompt file {path}: {exc.strerror}") from None
-        if b"\x00" in data:
-            raise UsageError(f"the prompt from {where} looks binary (it has NUL bytes); specrun reads text")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            text = data.decode("utf-8", errors="replace")
-            print(
-                f"specrun: warning: the prompt from {where} is not valid UTF-8 (first bad byte at "
-                f"offset {exc.start}); decoded with replacement characters",
-                file=sys.stderr,
-            )
+            raise UsageError("no prompt: give PROMPT, --prompt TEXT, -f FILE, or pipe text on stdin")
+        where = "stdin" if prompt_file in (None, "-") else str(prompt_file)
+        text = _decode(_read_bytes(where, prompt_file), where)
     if not text.strip():
         raise UsageError("the prompt is empty")
     return text
 
 
-def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None) -> tuple[list[int], bool]:
+def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None,
+                        template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], bool]:
     """Tokens for the target: through its chat template (default when it has one) or raw."""
     template = target.chat_template()
     use_chat = bool(template) if chat is None else chat
@@ -112,15 +156,17 @@ def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str |
         return target.tokenize(text, add_special=True, parse_special=True), False
 
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return chat_tokens(target, template, messages), True
+    return chat_tokens(target, template, messages, template_kwargs=template_kwargs), True
 
 
-def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
     from .chat_template import render
 
     bos = target.token_text(target.bos).decode("utf-8", "replace") if target.bos >= 0 else ""
     eos = target.token_text(target.eos).decode("utf-8", "replace") if target.eos >= 0 else ""
-    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt)
+    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt,
+                      **(template_kwargs or {}))
     toks = target.tokenize(rendered, add_special=True, parse_special=True)
     if len(toks) >= 2 and toks[0] == toks[1] == target.bos:
         toks = toks[1:]  # the template wrote BOS and the tokenizer added another
@@ -147,14 +193,18 @@ def load_engine(opts: Any, streams: Streams) -> Any:
 @sampling_options()
 @model_options()
 def generate(
-    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text.")] = None,
-    prompt_file: Annotated[str | None, typer.Option("-p", "--prompt-file", help="Read the prompt from FILE (- = stdin).")] = None,
+    click_ctx: typer.Context,
+    text: Annotated[str | None, typer.Argument(metavar="PROMPT", help="The prompt text (as `llm` and `ollama run` take it); piped stdin goes before it.", show_default=False)] = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text (piped stdin goes before it).")] = None,
+    prompt_file: Annotated[str | None, typer.Option("-p", "-f", "--prompt-file", "--file", help="Read the prompt from FILE (- = stdin); -f as llama.cpp.")] = None,
     chat: Annotated[bool | None, typer.Option("--chat/--raw", help="Apply the target's chat template (default when it has one).")] = None,
     system: Annotated[str | None, typer.Option("--system", help="System message (chat template only).")] = None,
+    template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
     max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")] = 256,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
     n_completions: Annotated[int, typer.Option("-N", "--n-completions", help="Independent completions; completion i uses seed S+i.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
+    json_stream: Annotated[bool, typer.Option("--json-stream", help="Stream JSON lines: one object per target pass (text, tokens, from_draft), then the --json object.")] = False,
     stats: Annotated[bool, typer.Option("--stats", help="Print the one-line summary on stderr even when it is not a terminal.")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="Then run the target alone on the same prompt and report the speed-up.")] = False,
     live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).")] = None,
@@ -170,11 +220,19 @@ def generate(
         raise UsageError(f"--n-completions must be >= 1, got {n_completions}")
     if compare and n_completions > 1:
         raise UsageError("--compare works with one completion")
-    text = read_prompt(prompt, prompt_file)
+    if text is not None and prompt is not None and _given_on_command_line(click_ctx, "prompt"):
+        raise UsageError("give the prompt once: PROMPT or --prompt, not both")
+    if as_json and json_stream:
+        raise UsageError("give either --json or --json-stream, not both")
+    from .chat_template import parse_kwargs
+
+    extra = parse_kwargs(template_kwargs)
+    text = read_prompt(text if text is not None else prompt, prompt_file)
+    structured = as_json or json_stream
     loaded = load_engine(opts, streams)
     try:
         engine = loaded.engine
-        tokens, _ = build_prompt_tokens(engine.target, text, chat, system)
+        tokens, _ = build_prompt_tokens(engine.target, text, chat, system, extra)
         engine.check_prompt(tokens)
         from contextlib import nullcontext
         from dataclasses import replace
@@ -187,7 +245,7 @@ def generate(
         results: list[Result] = []
         for i in range(n_completions):
             p_i = replace(params, seed=params.seed + i)
-            sink = None if as_json else make_sink(
+            sink = None if structured else make_sink(
                 live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
                 summary="full" if show_summary else "none", draft_max=engine.config.draft_max,
                 mode=engine.mode, piece=engine.target.piece)
@@ -200,11 +258,13 @@ def generate(
                         result = ev
                     elif sink is not None:
                         sink.step(ev)
+                    elif json_stream and ev.tokens:
+                        _json_line(_step_json(ev) | ({"completion": i} if n_completions > 1 else {}))
                 assert result is not None
                 if sink is not None:
                     sink.finish(result)
             results.append(result)
-            if show_summary and not as_json and not (sink is not None and sink.prints_summary):
+            if show_summary and not structured and not (sink is not None and sink.prints_summary):
                 print(summary_line(result, engine.config.draft_max), file=sys.stderr)
 
         baseline = None
@@ -219,7 +279,7 @@ def generate(
                 file=sys.stderr,
             )
 
-        if as_json:
+        if structured:
             obj: dict[str, Any] = {
                 "mode": engine.mode,
                 "target": describe(loaded.plan.target),
@@ -238,10 +298,32 @@ def generate(
             if baseline is not None:
                 obj["baseline"] = {"tokens_per_second": round(baseline.stats.tokens_per_second, 2),
                                    "identical": baseline.tokens == results[0].tokens}
-            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            _json_line(({"event": "done"} | obj) if json_stream else obj)
     finally:
         loaded.close()
+
+
+def _given_on_command_line(ctx: Any, name: str) -> bool:
+    src = ctx.get_parameter_source(name)
+    return getattr(src, "name", "") == "COMMANDLINE"
+
+
+def _json_line(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _step_json(ev: Any) -> dict[str, Any]:
+    """One target pass for --json-stream: what it committed and which of it the draft proposed."""
+    return {
+        "event": "step",
+        "text": ev.text,
+        "tokens": ev.tokens,
+        "from_draft": ev.from_draft,
+        "drafter": ev.drafter,
+        "k": ev.k,
+        "accepted": ev.accepted,
+    }
 
 
 def _result_json(r: Any) -> dict[str, Any]:

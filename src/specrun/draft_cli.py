@@ -171,8 +171,8 @@ def make(
         int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
     ] = None,
     ngl: Annotated[
-        int, typer.Option("--ngl", help="Layers offloaded to the GPU while probing (-1 = all).")
-    ] = -1,
+        str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU while probing (N, auto or all; -1 = all).")
+    ] = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object for scripts.")
     ] = False,
@@ -186,6 +186,9 @@ def make(
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    from .options import parse_ngl
+
+    ngl_n = parse_ngl(ngl, "--ngl")
     if name is not None and not name.strip():
         raise UsageError("--name must not be empty")
 
@@ -203,7 +206,7 @@ def make(
     target_model = None
     try:
         if probe_run:
-            target_model = _load_target(target, settings, threads, ngl, verbose, quiet=as_json)
+            target_model = _load_target(target, settings, threads, ngl_n, verbose, quiet=as_json)
         for q, dest in zip(quants, dests, strict=True):
             with _spinner(not as_json, f"quantizing {target.name} to {q}"):
                 quantize_atomic(target.path, dest, q, threads)
@@ -217,7 +220,7 @@ def make(
                 draft,
                 settings if probe_run else None,
                 threads=threads,
-                ngl=ngl,
+                ngl=ngl_n,
                 verbose=verbose,
                 quiet=as_json,
                 target_model=target_model,

@@ -104,6 +104,8 @@ T_UINT32 = 4
 # --- ggml tensor types: id -> (name, block size in elements, block size in bytes) -----------------
 # From ggml/include/ggml.h (enum ggml_type) and the type_traits table in ggml/src/ggml.c
 # (sizes of the block_* structs in ggml-common.h), as vendored by llama-cpp-python 0.3.36.
+# tests/test_gguf_types.py compares it with the bundled ggml itself (ggml_type_name, ggml_blck_size,
+# ggml_type_size for every id below GGML_TYPE_COUNT), so a new llama-cpp-python cannot slip past.
 _QK_K = 256
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4),

@@ -31,6 +31,8 @@ class ModelOptions:
     pair: str | None = None
     model: str | None = None
     model_draft: str | None = None
+    hf_file: str | None = None  # -m is a hub repo and this its file (llama.cpp's --hf-file)
+    hf_file_draft: str | None = None
     mode: str = "auto"
     draft_max: int | None = None  # None: the pair's draft_max, else DEFAULT_DRAFT_MAX (auto: >= 8)
     draft_min: int = 0
@@ -39,7 +41,7 @@ class ModelOptions:
     lookup_min: int = 1
     lookup_max: int = 4
     lookup_cache: str | None = None
-    ngl: int = -1
+    ngl: int = -1  # -1: the layers that fit (--ngl auto); options.NGL_ALL: all of them
     ngl_draft: int = -1
     ctx: int = DEFAULT_CTX
     ctx_draft: int | None = None  # None: same as the target's
@@ -68,7 +70,7 @@ class ModelOptions:
                 raise UsageError(f"{flag} must be >= 1, got {v}")
         for flag, v in (("--ngl", self.ngl), ("--ngl-draft", self.ngl_draft)):
             if v < -1:
-                raise UsageError(f"{flag} must be >= -1 (-1 = all layers), got {v}")
+                raise UsageError(f"{flag} must be >= -1 (-1 = auto: the layers that fit), got {v}")
         if self.batch < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch}")
         if self.flash_attn.lower() not in ("on", "off", "auto"):
@@ -162,8 +164,18 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
     uses_draft = opts.mode not in ("none", "lookup")
     if opts.pair and opts.model:
         raise UsageError("give either --pair or -m/--model, not both")
+    def resolve(spec: str, hf_file: str | None) -> ResolvedModel:
+        if hf_file:
+            from .registry import parse_hub_spec
+
+            hub = parse_hub_spec(spec)
+            if hub is None:
+                raise UsageError(f"--hf-file needs a Hugging Face repo, got {spec!r}")
+            return registry.resolve_hub(hub[0], file=hf_file, progress=progress, pull=pull)
+        return registry.resolve(spec, progress=progress, pull=pull)
+
     if opts.model:
-        target = registry.resolve(opts.model, progress=progress, pull=pull)
+        target = resolve(opts.model, opts.hf_file)
         pair = registry.pair_for_target(target.name) if target.entry is not None else None
         draft_spec = opts.model_draft or (pair.draft if pair else None)
         pair_k = pair.draft_max if pair and not opts.model_draft else None
@@ -179,7 +191,8 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
         else:  # the default names a single model
             target = registry.resolve(name, progress=progress, pull=pull)
             draft_spec, pair_k = opts.model_draft, None
-    draft = registry.resolve(draft_spec, progress=progress, pull=pull) if draft_spec and uses_draft else None
+    draft_file = opts.hf_file_draft if opts.model_draft else None
+    draft = resolve(draft_spec, draft_file) if draft_spec and uses_draft else None
     return Plan(target=target, draft=draft, pair_draft_max=pair_k)
 
 

@@ -323,11 +323,12 @@ def plan_memory(
     out: list[Planned] = []
     for name, shape, pl, ngl, flag in items:
         all_layers = shape.n_layer + 1
+        asked = "all" if ngl > all_layers else ngl  # --ngl all (or 999, as often written)
         want = all_layers if ngl < 0 else min(ngl, all_layers)
         if left is None:
             if ngl > 0:
                 notes.append(
-                    f"warning: this llama.cpp build has no GPU offload, so {flag} {ngl} is ignored "
+                    f"warning: this llama.cpp build has no GPU offload, so {flag} {asked} is ignored "
                     f"and {name} runs on the CPU (GPU builds: make install GPU=cuda|metal)"
                 )
             want = 0
@@ -337,7 +338,7 @@ def plan_memory(
                 need = estimate(shape, replace(pl, n_gpu_layers=want)).device
                 if ngl >= 0:
                     raise ModelError(
-                        f"{flag} {ngl}: {name} needs about {gib(need)} of GPU memory and "
+                        f"{flag} {asked}: {name} needs about {gib(need)} of GPU memory and "
                         f"{gib(left)} is free; {flag} {fits} fits"
                     )
                 notes.append(

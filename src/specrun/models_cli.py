@@ -258,8 +258,8 @@ def check(
         int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
     ] = None,
     ngl: Annotated[
-        int, typer.Option("--ngl", help="Layers offloaded to the GPU, both models (-1 = all).")
-    ] = -1,
+        str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU, both models (N, auto or all; -1 = all).")
+    ] = "auto",
     save: Annotated[
         bool,
         typer.Option(
@@ -298,6 +298,9 @@ def check(
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    from .options import parse_ngl
+
+    ngl_n = parse_ngl(ngl, "--ngl")
 
     reg = _load(verbose)
     with PullDisplay() as show:
@@ -323,7 +326,7 @@ def check(
         draft,
         settings if probe_run else None,
         threads=threads,
-        ngl=ngl,
+        ngl=ngl_n,
         verbose=verbose,
         quiet=as_json,
     )
@@ -548,7 +551,7 @@ def _check_files(names: list[str] | None) -> None:
 @app.command()
 def rm(
     name: Annotated[
-        str, typer.Argument(help="A pulled or derived model, or a pair (both models).")
+        str, typer.Argument(help="A pulled or derived model, a hub reference as pulled (USER/REPO[:QUANT], hf.co/USER/REPO[:QUANT]), or a pair (both models).")
     ],
 ) -> None:
     """Delete a pulled or derived model's files (never a `path` model's)."""

@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from .errors import UsageError
+
 P_MODELS, P_SPEC, P_PLACE, P_SAMPLE = "Models", "Speculation", "Placement", "Sampling"
 
 
@@ -25,52 +27,132 @@ def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:  #
     return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
 
 
-# (parameter name, type, typer.Option, default)
+# (parameter name, type, typer.Option, default). Every option also reads an environment variable
+# (SPECRUN_<NAME>, as llama.cpp's LLAMA_ARG_*), shown in --help; the command line wins over it.
+# The llama.cpp spellings (-hf, --spec-draft-n-max, --spec-type, ...) are aliases: README's
+# tables give the llama.cpp and Ollama equivalent of each flag.
 MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    ("pair", str | None, _opt("--pair", help="A pair from the registry (default: the registry's default).", panel=P_MODELS), None),
-    ("model", str | None, _opt("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] on the hub.", panel=P_MODELS), None),
-    ("model_draft", str | None, _opt("-md", "--model-draft", help="Draft model (overrides the pair's draft).", panel=P_MODELS), None),
-    ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC), "auto"),
-    ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8).", panel=P_SPEC), None),
-    ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying.", panel=P_SPEC), 0),
-    ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never).", panel=P_SPEC), 0.6),
-    ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC), "rejection"),
-    ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC), 1),
-    ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC), 4),
-    ("lookup_cache", str | None, _opt("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", panel=P_SPEC), None),
-    ("ngl", int, _opt("--ngl", "-ngl", help="Target layers offloaded to the GPU (-1 = all that fit).", panel=P_PLACE), -1),
-    ("ngl_draft", int, _opt("--ngl-draft", "-ngld", help="Draft layers offloaded to the GPU (-1 = all that fit).", panel=P_PLACE), -1),
-    ("ctx", int, _opt("--ctx", "-c", help="Target context size in tokens.", panel=P_PLACE), 4096),
-    ("ctx_draft", int | None, _opt("--ctx-draft", "-cd", help="Draft context size (default: as the target's).", panel=P_PLACE), None),
-    ("threads", int | None, _opt("--threads", "-t", help="CPU threads for the target (default: physical cores).", panel=P_PLACE), None),
-    ("threads_draft", int | None, _opt("--threads-draft", "-td", help="CPU threads for the draft (default: as --threads).", panel=P_PLACE), None),
-    ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE), 512),
-    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE), "auto"),
-    ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE), "f16"),
-    ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE), "f16"),
-    ("cache_type_k_draft", str | None, _opt("--cache-type-k-draft", "-ctkd", help="Draft KV cache type for K (default: as the target's).", panel=P_PLACE), None),
-    ("cache_type_v_draft", str | None, _opt("--cache-type-v-draft", "-ctvd", help="Draft KV cache type for V (default: as the target's).", panel=P_PLACE), None),
-    ("mem_check", bool, _opt("--mem-check/--no-mem-check", help="Refuse to load models the memory estimate says will not fit.", panel=P_PLACE), True),
-    ("verbose", bool, _opt("--verbose", help="Show llama.cpp's own log on stderr."), False),
+    ("pair", str | None, _opt("--pair", help="A pair from the registry (default: the registry's default).", panel=P_MODELS, envvar="SPECRUN_PAIR"), None),
+    ("model", str | None, _opt("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]) on the hub.", panel=P_MODELS, envvar="SPECRUN_MODEL"), None),
+    ("model_draft", str | None, _opt("-md", "--model-draft", help="Draft model (overrides the pair's draft).", panel=P_MODELS, envvar="SPECRUN_MODEL_DRAFT"), None),
+    ("hf_repo", str | None, _opt("-hf", "-hfr", "--hf-repo", help="Target from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hf; same as -m USER/REPO[:QUANT]).", panel=P_MODELS, envvar="SPECRUN_HF_REPO", metavar="USER/REPO[:QUANT]"), None),
+    ("hf_file", str | None, _opt("-hff", "--hf-file", help="The file of the -hf repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE", metavar="FILE"), None),
+    ("hf_repo_draft", str | None, _opt("-hfd", "-hfrd", "--hf-repo-draft", help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).", panel=P_MODELS, envvar="SPECRUN_HF_REPO_DRAFT", metavar="USER/REPO[:QUANT]"), None),
+    ("hf_file_draft", str | None, _opt("-hffd", "--hf-file-draft", help="The file of the -hfd repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE_DRAFT", metavar="FILE"), None),
+    ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC, envvar="SPECRUN_MODE"), "auto"),
+    ("spec_type", str | None, _opt("--spec-type", help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.", panel=P_SPEC, envvar="SPECRUN_SPEC_TYPE", metavar="TYPE[,TYPE]"), None),
+    ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MAX"), None),
+    ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MIN"), 0),
+    ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_P_MIN"), 0.6),
+    ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC, envvar="SPECRUN_VERIFY"), "rejection"),
+    ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MIN"), 1),
+    ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MAX"), 4),
+    ("lookup_cache", str | None, _opt("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_CACHE"), None),
+    ("ngl", str, _opt("--ngl", "-ngl", help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL", metavar="N|auto|all"), "auto"),
+    ("ngl_draft", str, _opt("--ngl-draft", "-ngld", help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL_DRAFT", metavar="N|auto|all"), "auto"),
+    ("ctx", int, _opt("--ctx", "-c", help="Target context size in tokens (also --ctx-size).", panel=P_PLACE, envvar="SPECRUN_CTX"), 4096),
+    ("ctx_draft", int | None, _opt("--ctx-draft", "-cd", help="Draft context size (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CTX_DRAFT"), None),
+    ("threads", int | None, _opt("--threads", "-t", help="CPU threads for the target (default: physical cores).", panel=P_PLACE, envvar="SPECRUN_THREADS"), None),
+    ("threads_draft", int | None, _opt("--threads-draft", "-td", help="CPU threads for the draft (default: as --threads).", panel=P_PLACE, envvar="SPECRUN_THREADS_DRAFT"), None),
+    ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE, envvar="SPECRUN_BATCH_SIZE"), 512),
+    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE, envvar="SPECRUN_FLASH_ATTN"), "auto"),
+    ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K"), "f16"),
+    ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V"), "f16"),
+    ("cache_type_k_draft", str | None, _opt("--cache-type-k-draft", "-ctkd", help="Draft KV cache type for K (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K_DRAFT"), None),
+    ("cache_type_v_draft", str | None, _opt("--cache-type-v-draft", "-ctvd", help="Draft KV cache type for V (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V_DRAFT"), None),
+    ("mem_check", bool, _opt("--mem-check/--no-mem-check", help="Refuse to load models the memory estimate says will not fit.", panel=P_PLACE, envvar="SPECRUN_MEM_CHECK"), True),
+    ("verbose", bool, _opt("--verbose", help="Show llama.cpp's own log on stderr.", envvar="SPECRUN_VERBOSE"), False),
 ]
 
 SAMPLING_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    ("temp", float, _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE), 0.0),
-    ("top_k", int, _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE), 40),
-    ("top_p", float, _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE), 0.95),
-    ("min_p", float, _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE), 0.05),
-    ("seed", int | None, _opt("--seed", "-s", help="Random seed (default: random, always reported).", panel=P_SAMPLE), None),
+    ("temp", float, _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"), 0.0),
+    ("top_k", int, _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"), 40),
+    ("top_p", float, _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"), 0.95),
+    ("min_p", float, _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"), 0.05),
+    ("seed", int | None, _opt("--seed", "-s", help="Random seed (default: random, always reported).", panel=P_SAMPLE, envvar="SPECRUN_SEED"), None),
 ]
+
+# llama.cpp's long spellings of options above, accepted but left out of --help (where they would
+# crowd the column of names); README's tables list them. Given, they stand for the option.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "draft_max": ("--spec-draft-n-max",),
+    "draft_min": ("--spec-draft-n-min",),
+    "draft_p_min": ("--spec-draft-p-min",),
+    "ngl": ("--n-gpu-layers", "--gpu-layers"),
+    "ngl_draft": ("--n-gpu-layers-draft", "--gpu-layers-draft"),
+    "ctx": ("--ctx-size",),
+    "ctx_draft": ("--ctx-size-draft",),
+}
+
+# What an excluded option takes with it (bench sweeps --mode itself, so --spec-type goes too).
+_EXCLUDE_WITH = {"mode": ("spec_type",)}
+
+# llama.cpp's --spec-type names -> specrun's --mode. The others name drafters specrun does not
+# have (heads or draft networks trained for one target): refused by name.
+SPEC_TYPE_MODES = {
+    "none": "none",
+    "draft-simple": "draft",
+    "ngram-simple": "lookup",
+    "ngram-map-k": "lookup",
+    "ngram-map-k4v": "lookup",
+    "ngram-mod": "lookup",
+    "ngram-cache": "lookup",
+}
+SPEC_TYPES_REFUSED = {
+    "draft-mtp": "multi-token-prediction (MTP) heads",
+    "draft-eagle3": "EAGLE-3 draft heads",
+    "draft-dflash": "DFlash drafters",
+    "draft-dspark": "DSpark drafters",
+}
+
+
+def mode_for_spec_type(value: str) -> str:
+    """``--spec-type a,b`` -> a --mode, as llama.cpp combines them: n-gram types are tried before
+    a draft model, which is specrun's hybrid."""
+    modes = set()
+    for name in (t.strip().lower() for t in value.split(",")):
+        if name in SPEC_TYPES_REFUSED:
+            raise UsageError(
+                f"--spec-type {name}: specrun has no {SPEC_TYPES_REFUSED[name]}; it offers none, "
+                "draft-simple (--mode draft) and the n-gram types (--mode lookup)"
+            )
+        if name not in SPEC_TYPE_MODES:
+            known = ", ".join([*SPEC_TYPE_MODES, *SPEC_TYPES_REFUSED])
+            raise UsageError(f"--spec-type: unknown type {name!r} (llama.cpp's types: {known})")
+        if SPEC_TYPE_MODES[name] != "none":
+            modes.add(SPEC_TYPE_MODES[name])
+    if modes == {"draft", "lookup"}:
+        return "hybrid"
+    return modes.pop() if modes else "none"
+
+
+NGL_ALL = 1 << 30  # --ngl all: every layer, refused when they do not fit (llama.cpp: -ngl all)
+
+
+def parse_ngl(value: int | str, flag: str) -> int:
+    """``N``, ``auto`` (-1: the layers that fit) or ``all`` (``NGL_ALL``), as llama.cpp's -ngl."""
+    if isinstance(value, int):
+        return value
+    v = value.strip().lower()
+    if v == "auto":
+        return -1
+    if v == "all":
+        return NGL_ALL
+    try:
+        return int(v)
+    except ValueError:
+        raise UsageError(f"{flag} takes a number of layers, auto or all; got {value!r}") from None
 
 
 def _inject(
     table: list[tuple[str, Any, Any, Any]],
     target_arg: str,
-    build: Callable[[dict[str, Any]], Any],
+    build: Callable[[dict[str, Any], dict[str, str]], Any],
     exclude: Iterable[str],
     defaults: dict[str, Any],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     skip = set(exclude)
+    skip |= {x for n in exclude for x in _EXCLUDE_WITH.get(n, ())}
     rows = [(n, t, o, defaults.get(n, d)) for n, t, o, d in table if n not in skip]
     unknown = (set(defaults) | skip) - {n for n, *_ in table}
     if unknown:
@@ -87,12 +169,32 @@ def _inject(
             inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=Annotated[t, o])
             for n, t, o, d in rows
         ]
+        types = {n: t for n, t, *_ in rows}
+        aliases = {f"alias_{n}": n for n in types if n in ALIASES}
+        added += [
+            inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation=Annotated[types[n] | None, typer.Option(*ALIASES[n], hidden=True)])
+            for a, n in aliases.items()
+        ]
         names = {n for n, *_ in rows}
+        # Typer hands the click context (where each value came from) to the one parameter typed
+        # typer.Context: the command's own, else one added here and not passed on.
+        ctx_own = next((p.name for p in own if isinstance(p.annotation, type)
+                        and issubclass(p.annotation, typer.Context)), None)
+        ctx_arg = ctx_own or f"specrun_ctx_{target_arg}"
+        if ctx_own is None:
+            added.append(inspect.Parameter(ctx_arg, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = kwargs.get(ctx_arg) if ctx_own else kwargs.pop(ctx_arg, None)
             mine = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
-            kwargs[target_arg] = build(mine)
+            src = _sources(ctx, mine)
+            for a, n in aliases.items():
+                value = kwargs.pop(a, None)
+                if value is not None:
+                    mine[n], src[n] = value, "COMMANDLINE"
+            kwargs[target_arg] = build(mine, src)
             return func(*args, **kwargs)
 
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
@@ -104,15 +206,68 @@ def _inject(
     return decorate
 
 
-def _build_model_options(kw: dict[str, Any]) -> Any:
+def _sources(ctx: Any, names: Iterable[str]) -> dict[str, str]:
+    """Where each value came from: COMMANDLINE, ENVIRONMENT, DEFAULT (click's ParameterSource)."""
+    out = {}
+    for n in names:
+        src = ctx.get_parameter_source(n) if ctx is not None else None
+        out[n] = getattr(src, "name", "DEFAULT") if src is not None else "DEFAULT"
+    return out
+
+
+def _given(src: dict[str, str], name: str) -> bool:
+    return src.get(name) == "COMMANDLINE"
+
+
+def _drop_env_rivals(kw: dict[str, Any], src: dict[str, str], rivals: list[tuple[str, str]]) -> None:
+    """An option given on the command line beats a rival that came from the environment
+    (``SPECRUN_PAIR`` set, ``-m X`` typed: X is the target, as with no SPECRUN_PAIR)."""
+    for a, b in rivals:
+        for mine, other in ((a, b), (b, a)):
+            if kw.get(mine) is not None and kw.get(other) is not None and _given(src, mine) \
+                    and src.get(other) == "ENVIRONMENT":
+                kw[other] = None
+
+
+def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
+    """The command line's model options -> a validated ModelOptions. llama.cpp's spellings are
+    folded in here: -hf/-hfd into -m/-md, --spec-type into --mode, --ngl auto|all into numbers."""
     from .loader import ModelOptions
 
+    src = src or {}
+    _drop_env_rivals(kw, src, [("pair", "model"), ("pair", "hf_repo"), ("model", "hf_repo"),
+                               ("model_draft", "hf_repo_draft")])
+    for hub, plain, file, flag in (("hf_repo", "model", "hf_file", "-hf"),
+                                   ("hf_repo_draft", "model_draft", "hf_file_draft", "-hfd")):
+        repo = kw.pop(hub, None)
+        if kw.get(file) is not None and repo is None:
+            raise UsageError(f"{'--hf-file' if flag == '-hf' else '--hf-file-draft'} names a file of "
+                             f"the {flag} repo: give {flag} USER/REPO too")
+        if repo is None:
+            continue
+        if kw.get(plain) is not None:
+            raise UsageError(f"give either {flag} or {'-m' if flag == '-hf' else '-md'}, not both")
+        from .registry import parse_hub_spec
+
+        if parse_hub_spec(repo) is None:
+            raise UsageError(f"{flag} takes a Hugging Face repo, USER/REPO[:QUANT]; got {repo!r}")
+        kw[plain] = repo
+    spec_type = kw.pop("spec_type", None)
+    if spec_type is not None:
+        mode = mode_for_spec_type(spec_type)
+        if _given(src, "mode") and kw.get("mode") != mode and _given(src, "spec_type"):
+            raise UsageError(f"--spec-type {spec_type} means --mode {mode}, but --mode {kw['mode']} was given")
+        if not (_given(src, "mode") and not _given(src, "spec_type")):
+            kw["mode"] = mode
+    for name, flag in (("ngl", "--ngl"), ("ngl_draft", "--ngl-draft")):
+        if name in kw:
+            kw[name] = parse_ngl(kw[name], flag)
     opts = ModelOptions(**kw)
     opts.validate()
     return opts
 
 
-def _build_sampling(kw: dict[str, Any]) -> Any:
+def _build_sampling(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
     from .sampling import SamplingParams
 
     seed = kw.pop("seed", None)

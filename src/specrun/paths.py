@@ -6,10 +6,17 @@ import os
 from pathlib import Path
 
 
+def cache_home() -> Path:
+    """$XDG_CACHE_HOME, default ~/.cache (the XDG base directory rule)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+
+
 def specrun_home() -> Path:
-    """Pulled and derived models live here: $SPECRUN_HOME, default ~/.cache/specrun."""
+    """Pulled and derived models live here: $SPECRUN_HOME, default $XDG_CACHE_HOME/specrun
+    (~/.cache/specrun)."""
     env = os.environ.get("SPECRUN_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specrun"
+    return Path(env).expanduser() if env else cache_home() / "specrun"
 
 
 def models_dir() -> Path:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import paths
-from .errors import ModelError, PullError, RegistryError
+from .errors import ModelError, PullError, RegistryError, UsageError
 
 ProgressFn = Callable[[str, int, "int | None"], None]  # (description, bytes_done, bytes_total)
 
@@ -293,10 +293,10 @@ def _parse_model(src: _Source, name: str, raw: Any) -> ModelEntry:
         return ModelEntry(derive_from=d["from"], quant=d["quant"].upper(), **common)
 
     if source == "hf":
-        repo = raw["hf"]
-        if not isinstance(repo, str) or not _HUB_SPEC_RE.match(repo):
+        hub = parse_hub_spec(raw["hf"]) if isinstance(raw["hf"], str) else None
+        if hub is None:
             raise src.error("models", name, 'hf must be "USER/REPO" (or "USER/REPO:QUANT")', "hf")
-        repo, _, quant = repo.partition(":")
+        repo, quant = hub
         file = raw.get("file")
         if file is not None and not (isinstance(file, str) and file):
             raise src.error("models", name, "file must be a string", "file")
@@ -592,16 +592,19 @@ def hf_offline() -> bool:
 
 
 def hf_cache_dir() -> Path:
-    """huggingface-hub's cache, read from the environment now (the library reads it at import)."""
+    """The Hugging Face hub cache, read from the environment now (the library reads it at import).
+
+    As llama.cpp's ``-hf`` looks for it (common/hf-cache.cpp): ``$LLAMA_CACHE`` first, then
+    huggingface-hub's own ``$HF_HUB_CACHE``, ``$HF_HOME/hub``, ``$XDG_CACHE_HOME/huggingface/hub``,
+    ``~/.cache/huggingface/hub``; so specrun, llama.cpp and huggingface-hub share one download.
+    """
     env = os.environ
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+    for var in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(var):
             return Path(os.path.expandvars(os.path.expanduser(env[var])))
     if env.get("HF_HOME"):
         return Path(os.path.expandvars(os.path.expanduser(env["HF_HOME"]))) / "hub"
-    xdg = env.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
+    return paths.cache_home() / "huggingface" / "hub"
 
 
 def _hf_endpoint() -> str | None:
@@ -618,31 +621,58 @@ def _split_parts(filename: str) -> list[str]:
     return [f"{stem}-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
 
 
-def pick_gguf(files: Iterable[str], quant: str | None, fallback: bool = True) -> str | None:
-    """llama.cpp's -hf rule: the .gguf whose name carries the quant tag (case-insensitive).
+# Files in a GGUF repo that are not the model itself (llama.cpp's gguf_filename_is_model): the
+# vision projector, an importance matrix, and the speculative sidecars (MTP heads, EAGLE-3,
+# DFlash and DSpark drafters). Matched in the file's name, case-sensitively, as llama.cpp does.
+NOT_A_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+DEFAULT_HF_QUANTS = (DEFAULT_HF_QUANT, "Q8_0")  # llama.cpp's -hf preference without a tag
 
-    mmproj files and non-first split parts are skipped. Without a tag, Q4_K_M is preferred and,
-    when ``fallback``, the first GGUF otherwise.
+
+def is_model_gguf(path: str) -> bool:
+    base = path.rsplit("/", 1)[-1]
+    return base.endswith(".gguf") and not any(k in base for k in NOT_A_MODEL)
+
+
+def pick_gguf(files: Iterable[str], quant: str | None, fallback: bool = True) -> str | None:
+    """llama.cpp's -hf rule (common/download.cpp, find_best_model), in the repo's file order.
+
+    With a tag: the first model file whose path holds the tag followed by ``.`` or ``-``
+    (case-insensitive). Without one: Q4_K_M, then Q8_0 that way, then (when ``fallback``) the
+    first model file. Files that are not the model (``NOT_A_MODEL``) and the second and later
+    parts of a split file are never picked.
     """
     cands = []
     for f in files:
-        base = f.rsplit("/", 1)[-1].lower()
-        if not base.endswith(".gguf") or "mmproj" in base:
+        if not is_model_gguf(f):
             continue
-        m = _SPLIT_RE.search(base)
+        m = _SPLIT_RE.search(f)
         if m and int(m.group(1)) != 1:
             continue
         cands.append(f)
-    cands.sort(key=lambda f: (f.count("/"), len(f), f))
-    tag = (quant or DEFAULT_HF_QUANT).lower()
-    strict = re.compile(rf"(?<![a-z0-9]){re.escape(tag)}(?![a-z0-9_])", re.IGNORECASE)
-    for rule in (lambda f: bool(strict.search(f)), lambda f: tag in f.lower()):
-        hits = [f for f in cands if rule(f)]
-        if hits:
-            return hits[0]
+    for tag in [quant] if quant else DEFAULT_HF_QUANTS:
+        pattern = re.compile(re.escape(tag) + r"[.-]", re.IGNORECASE)
+        hit = next((f for f in cands if pattern.search(f)), None)
+        if hit is not None:
+            return hit
     if quant is None and fallback and cands:
         return cands[0]
     return None
+
+
+_HUB_HOSTS = ("hf.co/", "huggingface.co/", "https://hf.co/", "https://huggingface.co/")
+
+
+def parse_hub_spec(spec: str) -> tuple[str, str | None] | None:
+    """``USER/REPO[:QUANT]`` (llama.cpp's -hf) or Ollama's ``hf.co/USER/REPO[:QUANT]`` ->
+    (repo, QUANT or None); None when ``spec`` is neither. Ollama's ``:latest`` means no tag."""
+    for host in _HUB_HOSTS:
+        if spec.lower().startswith(host):
+            spec = spec[len(host) :]
+            break
+    if not _HUB_SPEC_RE.match(spec):
+        return None
+    repo, _, quant = spec.partition(":")
+    return repo, (quant.upper() if quant and quant.lower() != "latest" else None)
 
 
 def _quant_tags(files: Iterable[str]) -> list[str]:
@@ -985,7 +1015,13 @@ class Registry:
         """The repo file of an hf entry: named, or picked by quant tag from the cached snapshot."""
         if e.hf_file:
             return e.hf_file
-        return pick_gguf(_hf_cached_files(e.hf_repo or "", e.revision), e.quant, fallback=False)
+        cached = _hf_cached_files(e.hf_repo or "", e.revision)
+        if hf_offline():  # all there is: llama.cpp's whole rule over the cached files
+            return pick_gguf(cached, e.quant)
+        # Online, a cached file answers only when it is what the repo's whole listing would give:
+        # the tag's file, or for a bare USER/REPO a cached Q4_K_M (the first choice); a cached Q8_0
+        # may have been pulled by tag from a repo that also has a Q4_K_M.
+        return pick_gguf(cached, e.quant or DEFAULT_HF_QUANT, fallback=False)
 
     def local_path(self, name: str) -> Path:
         """Where the model's file lives, or would live once pulled (for hf: a best guess)."""
@@ -1313,9 +1349,8 @@ class Registry:
         if chosen is None:
             tags = _quant_tags(files)
             have = f" (it has: {', '.join(tags)})" if tags else " (it has no GGUF files)"
-            raise PullError(
-                f"no {quant or DEFAULT_HF_QUANT} GGUF in Hugging Face repo {repo}{have}"
-            )
+            what = f"{quant} GGUF" if quant else "GGUF model file"
+            raise PullError(f"no {what} in Hugging Face repo {repo}{have}")
         return chosen
 
     # -- resolving what the user typed -----------------------------------------------------------
@@ -1338,15 +1373,9 @@ class Registry:
         )
         if p.exists() and not p.is_file():
             raise ModelError(f"not a model file: {spec}")
-        if not looks_like_path and _HUB_SPEC_RE.match(spec):
-            repo, _, quant = spec.partition(":")
-            entry = ModelEntry(name=spec, source="hf", hf_repo=repo, quant=quant.upper() or None)
-            if not pull and not self._hub_present(entry):
-                raise ModelError(
-                    f"{spec} is not in the Hugging Face cache; run `specrun models pull {spec}`"
-                )
-            path = self._pull_hf(entry, progress or _noop, force=False)
-            return ResolvedModel(name=spec, path=path, entry=entry)
+        hub = None if looks_like_path else parse_hub_spec(spec)
+        if hub is not None:
+            return self.resolve_hub(hub[0], quant=hub[1], progress=progress, pull=pull, name=spec)
         if looks_like_path or "/" in spec or os.sep in spec:
             raise ModelError(f"model file not found: {spec}")
         if spec in self.pairs:
@@ -1355,6 +1384,28 @@ class Registry:
             f"unknown model {spec!r}{_suggest(spec, self.models)} "
             "(a GGUF path, a registry name or USER/REPO[:QUANT]; see `specrun models list`)"
         )
+
+    def resolve_hub(
+        self,
+        repo: str,
+        quant: str | None = None,
+        file: str | None = None,
+        progress: ProgressFn | None = None,
+        pull: bool = True,
+        name: str | None = None,
+    ) -> ResolvedModel:
+        """A hub repo's GGUF, chosen by quant tag (llama.cpp's rule, see ``pick_gguf``) or named
+        by ``file`` (llama.cpp's ``--hf-file``): from the cache, else downloaded."""
+        if parse_hub_spec(repo) != (repo, None):
+            raise UsageError(f"not a Hugging Face repo: {repo!r} (expected USER/REPO)")
+        spec = name or (f"{repo}/{file}" if file else f"{repo}:{quant}" if quant else repo)
+        entry = ModelEntry(name=spec, source="hf", hf_repo=repo, hf_file=file, quant=quant)
+        if not pull and not self._hub_present(entry):
+            raise ModelError(
+                f"{spec} is not in the Hugging Face cache; run `specrun models pull {spec}`"
+            )
+        path = self._pull_hf(entry, progress or _noop, force=False)
+        return ResolvedModel(name=spec, path=path, entry=entry)
 
     def _hub_present(self, e: ModelEntry) -> bool:
         file = self._hf_file(e)
@@ -1382,8 +1433,13 @@ class Registry:
         return None
 
     def remove(self, name: str) -> list[Path]:
-        """Delete a pulled or derived model's files; a `path` model's file is never touched."""
-        e = self.model(name)
+        """Delete a pulled or derived model's files; a `path` model's file is never touched.
+        ``name`` may also be a hub reference (``USER/REPO[:QUANT]``, ``hf.co/...``) as pulled."""
+        hub = parse_hub_spec(name) if name not in self.models else None
+        if hub is not None:
+            e = ModelEntry(name=name, source="hf", hf_repo=hub[0], quant=hub[1])
+        else:
+            e = self.model(name)
         if e.source == "path":
             raise RegistryError(
                 f"{name} is a `path` model ({e.path}); specrun does not delete files it did not fetch"
@@ -1406,26 +1462,38 @@ class Registry:
         snap = _hf_cached_snapshot(e.hf_repo or "", e.revision)
         if not file or snap is None:
             return removed
-        repo_dir = snap.parent.parent
-        for part in _split_parts(file):
-            pointer = snap / part
-            if not pointer.is_file() and not pointer.is_symlink():
-                continue
-            blob = pointer.resolve()
-            try:
-                pointer.unlink()
-                removed.append(pointer)
-                others = [
-                    q
-                    for q in (repo_dir / "snapshots").rglob("*")
-                    if q.is_symlink() and q.resolve() == blob
-                ]
-                if blob != pointer and blob.is_file() and not others:
-                    blob.unlink()
-                    removed.append(blob)
-            except OSError as exc:
-                raise RegistryError(f"cannot remove {pointer}: {exc.strerror}") from None
-        return removed
+        return _hf_delete_files(e.hf_repo or "", [snap / part for part in _split_parts(file)])
+
+
+def _hf_delete_files(repo: str, paths: list[Path]) -> list[Path]:
+    """Delete cached hub files with huggingface-hub's own strategy (``scan_cache_dir`` then
+    ``delete_files``): the snapshot entries go, and a blob only when no other cached file of any
+    revision links to it. Returns what was deleted."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(hf_cache_dir())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # CacheNotFound, an unreadable folder
+        raise RegistryError(f"cannot read the Hugging Face cache {hf_cache_dir()}: {exc}") from None
+    wanted = {p.absolute() for p in paths}
+    files = [
+        f
+        for r in info.repos
+        if r.repo_type == "model" and r.repo_id == repo
+        for rev in r.revisions
+        for f in rev.files
+        if f.file_path.absolute() in wanted
+    ]
+    if not files:
+        return []
+    strategy = info.delete_files(*files)
+    strategy.execute()  # logs what it could not delete and goes on: look for yourself
+    left = [p for p in sorted(strategy.files) if p.is_symlink() or p.exists()]
+    if left:
+        raise RegistryError(f"cannot remove {left[0]} (check the folder's permissions)")
+    return sorted(strategy.files) + sorted(b for b in strategy.blobs if not b.exists())
 
 
 _PIP_OSERROR_RE = re.compile(r"\[Errno (\d+)\] ([^:'\"]+?)(?::\s*(.*))?$")
@@ -1447,76 +1515,71 @@ def _norm_project(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Writing the user's registry (`models check --save`, `draft make --name`)
 
-UserEntry = tuple[str, str, dict[str, "str | int"]]  # (section, name, keys to set)
+UserEntry = tuple[str, str, dict[str, Any]]  # (section, name, keys to set)
 
 
-def _toml_key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_value(name)
+def _find_table(doc: Any, section: str, name: str) -> Any:
+    """The ``[section.name]`` table of a tomlkit document, however the user spelled it: quoted
+    (``[pairs."qwen2.5-x"]``), dotted (``[models.qwen2.5-coder]`` is models -> qwen2 -> 5-coder
+    to TOML, as ``_flatten`` reads it), or inline (``mine = { ... }`` under ``[pairs]``)."""
+    from collections.abc import MutableMapping
+
+    def walk(tbl: Any, parts: list[str]) -> Any:
+        for i in range(len(parts), 0, -1):
+            key = ".".join(parts[:i])
+            if isinstance(tbl, MutableMapping) and key in tbl:
+                found = tbl[key] if i == len(parts) else walk(tbl[key], parts[i:])
+                if found is not None and isinstance(found, MutableMapping):
+                    return found
+        return None
+
+    top = doc.get(section)
+    return walk(top, name.split(".")) if isinstance(top, MutableMapping) else None
 
 
-def _toml_value(value: str | int) -> str:
-    import json
-
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise TypeError(f"cannot write {value!r} into models.toml")
-    # A JSON string is a valid TOML basic string (same quotes, same escapes).
-    return str(value) if isinstance(value, int) else json.dumps(value, ensure_ascii=False)
-
-
-def _table_span(lines: list[str], section: str, name: str) -> tuple[int, int] | None:
-    """0-based [header, end) of the ``[section.name]`` table written as a header, if any."""
-    start = None
-    for i, raw in enumerate(lines):
-        s = raw.strip()
-        if not s.startswith("["):
-            continue
-        if start is not None:
-            return start, i
-        inner = s[1 : s.find("]")] if "]" in s and not s.startswith("[[") else ""
-        if re.sub(r"[\"'\s]", "", inner) == f"{section}.{name}":
-            start = i
-    return None if start is None else (start, len(lines))
+def _set_key(table: Any, key: str, value: Any) -> None:
+    """Set ``key`` in a tomlkit table: in place (its indent and comment kept) when it is there,
+    else after the table's last key, before the blank lines and comments that head what follows."""
+    if key in table:
+        table[key] = value
+        return
+    body = getattr(getattr(table, "value", table), "body", None)
+    trail: list[Any] = []
+    if isinstance(body, list):
+        while body and body[-1][0] is None:  # whitespace and comments: they lead the next table
+            trail.insert(0, body.pop())
+    table[key] = value
+    if isinstance(body, list):
+        body.extend(trail)
 
 
 def edit_registry_text(text: str, entries: Iterable[UserEntry]) -> str:
     """Set keys of ``[section.name]`` tables in models.toml text, keeping everything else.
 
-    A key already in the table is rewritten on its own line; a missing key is added after the
-    table's last line; a missing table is appended. Only single-line values are rewritten: the
-    caller re-parses the result (a table the user wrote another way then shows up as an error).
+    tomlkit keeps the user's comments, layout and quoting: a key already in the table is
+    rewritten where it stands (any TOML value, a list spread over several lines too), a missing
+    key goes after the table's last key, a missing table is appended at the end of the file.
     """
-    lines = text.splitlines()
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        doc = tomlkit.parse(text)
+    except TOMLKitError as exc:
+        raise RegistryError(f"cannot edit the registry: invalid TOML: {exc}") from None
+    new: dict[tuple[str, str], dict[str, Any]] = {}
     for section, name, keys in entries:
-        span = _table_span(lines, section, name)
-        if span is None:
-            while lines and not lines[-1].strip():
-                lines.pop()
-            if lines:
-                lines.append("")
-            lines.append(f"[{section}.{_toml_key(name)}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+        table = None if (section, name) in new else _find_table(doc, section, name)
+        if table is None:
+            new.setdefault((section, name), {}).update(keys)
             continue
-        start, end = span
         for key, value in keys.items():
-            new = f"{key} = {_toml_value(value)}"
-            pat = re.compile(rf"^(\s*)[\"']?{re.escape(key)}[\"']?\s*=")
-            hits = ((i, pat.match(lines[i])) for i in range(start + 1, end))
-            hit = next(((i, m) for i, m in hits if m), None)
-            if hit is not None:
-                lines[hit[0]] = hit[1].group(1) + new
-                continue
-            # after the table's last key, not after a comment that heads the next table
-            last = max(
-                (
-                    i
-                    for i in range(start, end)
-                    if lines[i].strip() and not lines[i].lstrip().startswith("#")
-                ),
-                default=start,
-            )
-            lines.insert(last + 1, new)
-            end += 1
-    return "\n".join(lines) + "\n"
+            _set_key(table, key, value)
+    out = tomlkit.dumps(doc)
+    for (section, name), keys in new.items():
+        out = out.rstrip("\n") + "\n\n" if out.strip() else ""
+        out += tomlkit.dumps({section: {name: keys}}).lstrip("\n")
+    return out if out.endswith("\n") else out + "\n"
 
 
 def update_user_registry(entries: list[UserEntry], path: Path | None = None) -> Path:
