@@ -255,6 +255,11 @@ def main() -> None:
                         per_row.append(sec / n)
         target_s = {n: statistics.median(v) for n, v in by_rows.items()}
         target_fit = fit_line(by_rows)
+        t1 = target_fit.get(1) or min(target_fit.values())
+        print(json.dumps({"prompt": key, "passes_by_rows": {n: len(v) for n, v in sorted(by_rows.items())},
+                          "V_median": {n: round(target_s[n] / t1, 2) for n in sorted(target_s)},
+                          "V_fit": {n: round(target_fit[n] / t1, 2) for n in sorted(target_fit)},
+                          "t1_ms": round(t1 * 1000, 2)}), flush=True)
         draft_row_s = statistics.median(per_row) if per_row else 0.0
 
         if seq is not None:
