@@ -414,7 +414,9 @@ def _measure_prompt(engines: Sequence[tuple[Config, Engine]], p: Prompt, turn: i
             for i in range(n):
                 cfg, eng = engines[(i + rep) % n]  # rotate the order from repeat to repeat
                 tick(f"{p.column} #{p.question_id} {cfg.label}")
-                eng.clear_store()  # a first request: no earlier output (nor this prompt's) to copy
+                clear = getattr(eng, "clear_store", None)
+                if clear is not None:  # a first request: no earlier output (nor this prompt's) to copy
+                    clear()
                 res = eng.run(tokens, max_tokens=settings.max_tokens, params=settings.params,
                               reuse_cache=False)
                 runs.append(_to_run(cfg, eng, p, turn, rep, res))
