@@ -24,7 +24,9 @@ else ifeq ($(GPU),)
 else
   $(error GPU must be cuda or metal, got '$(GPU)')
 endif
-LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS)
+# patches/ changes the vendored llama.cpp (row-exact batched Q8_0 kernel): a new patch rebuilds.
+PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
+LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 
 STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU),)
 
@@ -38,14 +40,14 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(wildcard patches/*.patch) scripts/build-llama.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# llama-cpp-python ships as source only: built here with our CMake flags (no cached wheel,
-	@# which may have been built without them), again only when the pin or the flags change.
+	@# llama-cpp-python ships as source only: built here from its sdist with our patches and CMake
+	@# flags (no cached wheel, which may lack them), again only when the pin, flags or patches change.
 	@if [ "$$(cat $(VENV)/.llama-build 2>/dev/null)" != "$(LLAMA_BUILD)" ]; then \
-	  echo "building $(LLAMA_CPP_PIN) with CMAKE_ARGS='$(CMAKE_ARGS)' (~7 min on 2 cores, once)"; \
-	  CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --force-reinstall --no-cache-dir \
-	    --no-deps "$(LLAMA_CPP_PIN)" && echo "$(LLAMA_BUILD)" > $(VENV)/.llama-build; \
+	  echo "building $(LLAMA_CPP_PIN) with patches/ and CMAKE_ARGS='$(CMAKE_ARGS)' (~7 min on 2 cores, once)"; \
+	  CMAKE_ARGS="$(CMAKE_ARGS)" sh scripts/build-llama.sh $(BIN)/python \
+	    && echo "$(LLAMA_BUILD)" > $(VENV)/.llama-build; \
 	fi
 	@echo "installing specrun and its pinned dependencies"
 	$(BIN)/python -m pip install --quiet -e '.[dev,plot]'

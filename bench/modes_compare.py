@@ -34,6 +34,7 @@ from pathlib import Path
 from specrun.bench import load_suite
 from specrun.cli import chat_tokens
 from specrun.engine import Engine, SpecConfig
+from specrun.loader import calibrate_auto
 from specrun.registry import Registry
 from specrun.runtime import LoadOptions, Model
 
@@ -193,6 +194,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pair", default="smollm2-135m", help="a registry pair (default: the default pair)")
     ap.add_argument("--json")
     ap.add_argument("--p-min", type=float, default=P_MIN, help="--draft-p-min for the draft model")
     ap.add_argument("--prompts", help="comma list of prompt names, bench:CATEGORY or seq:CATEGORY (default: all)")
@@ -208,10 +210,13 @@ def main() -> None:
         if CONFIGS[0][0] != "none":
             ap.error("--configs must start with none (the baseline)")
     reg = Registry.load()
-    pair = reg.pair("smollm2-135m")
+    pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
     draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True))
     engines = {(m, k): make_engine(target, draft, m, k, a.p_min) for m, k in CONFIGS}
+    for e in engines.values():
+        if e.mode == "auto":  # as the command line starts it: from the measured pass costs
+            calibrate_auto(e)
     log = DecodeLog()
     log.wrap(target, "target")
     log.wrap(draft, "draft")

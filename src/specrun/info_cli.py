@@ -59,6 +59,7 @@ def build_info() -> dict[str, Any]:
         "mlock": runtime.supports_mlock(),
         "system_info": sysinfo,
         "batch_exact_cpu": runtime.batch_exact_cpu(),
+        "batched_q8_0_kernel": "SPECRUN_COLS = 1" in sysinfo,
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -170,6 +171,8 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
         f"cpu flags {b['system_info']}",
         "exactness " + (
             "CPU batches are row-exact: a row decoded in a batch gets the logits it gets alone, bit for bit"
+            + ("; batched Q8_0 rows take specrun's multi-column kernel (patches/)"
+               if b["batched_q8_0_kernel"] else "")
             if b["batch_exact_cpu"] else
             "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
             "greedy speculation can differ from the target alone at near-ties; rebuild with "

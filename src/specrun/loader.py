@@ -10,6 +10,7 @@ from typing import Any
 
 from .engine import MAX_DRAFT, Engine, SpecConfig
 from .errors import IncompatiblePairError, ModelError, UsageError
+from .policy import AutoPolicy
 from .registry import ProgressFn, Registry, ResolvedModel
 
 DEFAULT_CTX = 4096
@@ -51,6 +52,7 @@ class ModelOptions:
     cache_type_k_draft: str | None = None  # None: as the target's
     cache_type_v_draft: str | None = None
     mem_check: bool = True
+    calibrate: bool = True  # auto starts from measured pass costs (calibrate.py), not priors
     verbose: bool = False
 
     @property
@@ -252,11 +254,28 @@ def load(
                     + (f" (and {len(bad) - 1} more: see `specrun models check`)" if len(bad) > 1 else "")
                 )
         engine = Engine(target, draft, opts.spec_config(p.pair_draft_max))
+        if opts.calibrate and isinstance(engine.policy, AutoPolicy):
+            calibrate_auto(engine, say)
         return Loaded(plan=p, engine=engine, models=models)
     except BaseException:
         for m in models:
             m.close()
         raise
+
+
+def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None) -> None:
+    """Give auto the measured pass costs of this target and draft on this machine (cached per
+    file; the first run of a model measures for well under a second on small models)."""
+    from . import calibrate
+
+    assert isinstance(engine.policy, AutoPolicy)
+    sizes = tuple(n for n in calibrate.SIZES if n <= engine.config.draft_max + 1)
+    say("measuring pass costs")
+    verify = calibrate.pass_times(engine.target, sizes)
+    step = None
+    if engine.draft_model is not None:
+        step = calibrate.pass_times(engine.draft_model.model, (1,)).get(1)
+    engine.policy.calibrate(verify, step)
 
 
 def describe(r: ResolvedModel | None) -> dict[str, str] | None:

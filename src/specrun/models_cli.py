@@ -367,6 +367,7 @@ def check_pair(
 ) -> dict[str, Any]:
     """Load both models (small contexts: the probe needs little), list every failing rule, and
     probe a compatible pair. ``target_model``: an already loaded target (a sweep loads it once)."""
+    from . import calibrate
     from .gguf import validate_gguf
     from .probe import compatibility, probe, recommended
     from .runtime import LoadOptions, Model
@@ -385,6 +386,8 @@ def check_pair(
             d = Model(draft.path, dataclasses.replace(opts, amx_rows=True), verbose=verbose)
             loaded.append(d)
             problems = compatibility(t, d)
+            say(f"timing {target.name}'s passes")
+            passes = calibrate.pass_times(t)  # cached per file and machine: auto reads the same
             result = None
             if not problems and settings is not None:
                 result = probe(t, d, settings, say=lambda msg: say(f"probing {draft.name}: {msg}"))
@@ -398,6 +401,9 @@ def check_pair(
         "problems": problems,
         "probe": result.to_dict() if result is not None else None,
         "recommended_draft_max": recommended(result),
+        # V(n) = an n-row verify pass (logits on every row) / one row, on this machine and build
+        "target_pass_ms": {str(n): round(sec * 1e3, 3) for n, sec in passes.items()},
+        "verify_cost": {str(n): round(v, 3) for n, v in calibrate.relative(passes).items()},
     }
 
 
@@ -433,6 +439,14 @@ def print_check(con: Console, out: dict[str, Any]) -> None:
             con.print(f"  - {p}", soft_wrap=True, markup=False)
         return
     con.print(f"{d} can draft for {t}: compatible", soft_wrap=True)
+    vc = out.get("verify_cost") or {}
+    if vc:
+        ms = out["target_pass_ms"].get("1")
+        con.print(
+            f"verify cost V(n) = n-row pass / one row ({ms:.1f} ms): "
+            + ", ".join(f"V({n}) {v:.2f}" for n, v in vc.items() if n != "1"),
+            soft_wrap=True, markup=False,
+        )
     pr = out["probe"]
     if pr is None:
         return

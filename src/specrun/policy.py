@@ -218,9 +218,27 @@ class _Costs:
         else:
             slope = AutoPolicy.PRIOR_VERIFY_SLOPE
         seen = {r: t / t1 for r, t in self.verify.items()}
+        pts = sorted(seen.items())
 
         def v(n: int) -> float:
-            return seen.get(n, 1.0 + slope * (n - 1))
+            got = seen.get(n)
+            if got is not None:
+                return got
+            # Between two sizes measured (a calibration measures 1, 2, 3, 5 and 9 rows): on
+            # the line between them; beyond the largest, on the line from one row to it.
+            lo = hi = None
+            for r, x in pts:
+                if r < n:
+                    lo = (r, x)
+                elif r > n:
+                    hi = (r, x)
+                    break
+            if lo is not None and hi is not None:
+                got = lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+            else:
+                got = 1.0 + slope * (n - 1)
+            seen[n] = got  # asked again within the step: the cost model prices K = 1..k_max
+            return got
 
         return v
 
@@ -273,7 +291,26 @@ class AutoPolicy(Policy):
         # Lookup's longest proposal (the suffix drafter's may exceed the draft model's K).
         self.lookup_k = max(draft_max, int(getattr(lookup, "k_max", draft_max)))
         self.drafters = tuple(d for d in (lookup, model) if d is not None)
+        self._measured: tuple[dict[int, float], float | None] = ({}, None)
         self._fresh()
+
+    def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None = None) -> None:
+        """Start every run from measured costs (calibrate.py: seconds of a target pass by rows,
+        of a draft step) instead of the priors: a target whose batches are expensive is then
+        priced right at its first step, not after a dozen lost bets. They weigh as
+        ``SEEN_WEIGHT`` observations; later measurements move them as any other."""
+        self._measured = (dict(verify_s), draft_step_s)
+        self._seed_costs()
+
+    # The measured draft step counts as this many observations against the prior.
+    SEEN_WEIGHT = 4
+
+    def _seed_costs(self) -> None:
+        verify, draft_step = self._measured
+        self.costs.verify.update(verify)
+        if draft_step is not None and draft_step > 0:
+            self.costs.draft_step = draft_step
+            self.costs.draft_n = self.SEEN_WEIGHT
 
     def reset(self) -> None:
         """A cold start (Engine.reset: a new, unrelated text): forget what was learnt too, or the
@@ -284,6 +321,7 @@ class AutoPolicy(Policy):
 
     def _fresh(self) -> None:
         self.costs = _Costs()
+        self._seed_costs()
         # How often the draft model stops at its first token, unsure (--draft-p-min): from its
         # own attempts, and on plain and lookup steps from the target's confidence, a free
         # stand-in (SmolLM2 at 0.6: the target was that sure on 88% of the code prompts' tokens,

@@ -125,6 +125,11 @@ def init_backend(verbose: bool = False) -> None:
     _log_verbose = verbose
     with _backend_lock:
         if not _backend_ready:
+            # llama.cpp's tiled K-quant matmul takes batches of 8+ rows only, and sums otherwise
+            # than the vec_dot that scores single rows (Q4_K/Q6_K logits up to 0.9 apart): off,
+            # so a verify pass of 8+ rows scores each row as decoding it alone would (read by
+            # ggml once, at its first matmul; set GGML_CPU_TILED_MM=1 to have it anyway).
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
             ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
             ll.llama_backend_init()
             _backend_ready = True
@@ -232,25 +237,38 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int, amx_rows: bool = False) -> Any:
-    """Keep weights out of llama.cpp's AMX buffers; returns what must outlive the load.
+# Weight types whose CPU_REPACK kernels give a row the same result alone and in a batch, on x86
+# (tests/test_row_exact_formats.py): Q4_0's 8x8 gemm and gemv agree bit for bit. Q4_K's do not
+# (its 4-row gemm and 1-row gemv part by up to 1.0 in the logits), nor is IQ4_NL's or MXFP4's
+# checked: a target keeps those in plain buffers, where one vec_dot serves every batch size.
+ROW_EXACT_REPACK = ("Q4_0",)
 
-    On CPUs with AMX (Sapphire Rapids and later) llama.cpp puts quantized weights in AMX buffers,
-    whose batched matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat on any batch of 2+ rows:
-    ggml-org/llama.cpp#20824, reproduced with 0.3.36 on Q4_0, Q4_1 and Q4_K models) - and
-    speculation decodes batches every step. Extra buffer types are turned off, and the layer
-    matrices that the CPU backend's own repacking takes (Q4_0 and Q4_K with rows in eights, on
-    x86 with AVX2) are put back in CPU_REPACK by name, so the draft keeps that speed-up.
-    SPECRUN_ALLOW_AMX=1 leaves llama.cpp's choice alone (for a llama.cpp where this is fixed), and
-    so does ``amx_rows`` (LoadOptions): the model then decodes one row at a time, which AMX's
-    single-row kernel (AVX512-VNNI, no tiles) does soundly.
+
+def _weight_buffers(path: Path, mparams: Any, n_gpu_layers: int, single_rows: bool, exact: bool) -> Any:
+    """Where a model's weights go on the CPU; returns what must outlive the load.
+
+    Two reasons to override llama.cpp's choice of extra buffer types:
+
+    - AMX (Sapphire Rapids and later): llama.cpp puts quantized weights in AMX buffers, whose
+      batched matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat on any batch of 2+ rows:
+      ggml-org/llama.cpp#20824, reproduced with 0.3.36 on Q4_0, Q4_1 and Q4_K models). A model
+      that decodes one row at a time (``single_rows``: a draft) keeps them, AMX's single-row
+      kernel (AVX512-VNNI) being sound and the fastest; any other keeps its weights out of AMX.
+      SPECRUN_ALLOW_AMX=1 leaves AMX alone, for a llama.cpp where this is fixed.
+    - Row exactness (``exact``: a target, whose verify passes must score each row as decoding it
+      alone would): CPU_REPACK's Q4_K kernels compute a batch in groups of four rows with
+      another summation than a single row, so only the types in ROW_EXACT_REPACK are repacked.
+
+    Extra buffer types are then turned off and the layer matrices that may be repacked are put
+    back in CPU_REPACK by name (rows in eights, as llama.cpp's x86 repacking needs).
     """
     bufts = cpu_extra_buffer_types()
-    if "AMX" not in bufts or os.environ.get(AMX_OPT_IN) == "1" or amx_rows:
+    amx = "AMX" in bufts and os.environ.get(AMX_OPT_IN) != "1" and not single_rows
+    if not amx and not exact:
         return None
-    mparams.use_extra_bufts = False
-    repack = bufts.get("CPU_REPACK")
-    if repack is None or (n_gpu_layers != 0 and supports_gpu_offload()):
+    if n_gpu_layers != 0 and supports_gpu_offload():
+        if amx:
+            mparams.use_extra_bufts = False
         return None
     from .gguf import validate_gguf
 
@@ -258,10 +276,19 @@ def _avoid_amx(path: Path, mparams: Any, n_gpu_layers: int, amx_rows: bool = Fal
         info = validate_gguf(path, check_tensors=True)
     except SpecrunError:
         return None  # llama.cpp reports what is wrong with the file
+    allowed = ROW_EXACT_REPACK if exact else ("Q4_0", "Q4_K")
+    repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
+    types = {tname for _name, tname, _rows in info.layer_matrices}
+    if not amx and not (types & repackable) - set(allowed):
+        return None  # nothing llama.cpp would put where a batch parts from a single row
+    mparams.use_extra_bufts = False
+    repack = bufts.get("CPU_REPACK")
+    if repack is None:
+        return None
     layers_by_suffix: dict[str, list[str]] = {}
     for name, tname, rows in info.layer_matrices:
         m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        if m and tname in ("Q4_0", "Q4_K") and rows % 8 == 0:
+        if m and tname in allowed and rows % 8 == 0:
             layers_by_suffix.setdefault(m.group(2), []).append(m.group(1))
     if not layers_by_suffix:
         return None
@@ -342,10 +369,14 @@ class LoadOptions:
     vocab_only: bool = False  # the vocabulary alone: no weights, no context (fast; facts only)
     # On a CPU with AMX: keep llama.cpp's AMX weight buffers and decode one row per llama_decode
     # (AMX's single-row kernel is sound and ~2x faster than the alternatives; its batch kernel
-    # crashes, see _avoid_amx). For a draft model, which decodes one token at a time; a target
+    # crashes, see _weight_buffers). For a draft model, which decodes one token at a time; a target
     # verifies batches and keeps the default (weights out of AMX, batches decoded whole).
     amx_rows: bool = False
     n_outputs_max: int = 0  # most rows of logits in one decode (0 = n_batch, llama.cpp's default)
+    # Weights only in buffers whose kernels score a row in a batch as they score it alone
+    # (_weight_buffers): what a target needs for speculation to say what it says alone.
+    # False: llama.cpp's own placement (faster single rows for Q4_K; batches may part).
+    exact_rows: bool = True
     check_tensors: bool = False
 
 
@@ -426,7 +457,8 @@ class Model:
         mparams.progress_callback = _load_progress
         # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
         self._buft_overrides = (
-            _avoid_amx(self.path, mparams, opts.n_gpu_layers, opts.amx_rows) if not opts.vocab_only else None
+            _weight_buffers(self.path, mparams, opts.n_gpu_layers, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
+            if not opts.vocab_only else None
         )
         global _log_capture
         t0 = time.perf_counter()

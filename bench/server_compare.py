@@ -1,0 +1,179 @@
+"""specrun against llama.cpp's own llama-server on the same pair, prompts, threads and greedy decoding.
+
+For each llama-server configuration a server is started on 127.0.0.1 (and stopped after), each
+prompt is sent as a chat turn (`/v1/chat/completions`, temperature 0, `max_tokens` N) and the
+server's own decode speed (`timings.predicted_per_second`) is kept; specrun's runs use the same
+chat template (the GGUF's) through its engine, decode tok/s as `generate --json` reports it. A
+run per prompt per configuration per repeat; medians; speed-ups against each side's own plain
+decoding and against llama-server's plain decoding.
+
+llama-server configurations: none (target alone), md:K (`-md DRAFT --spec-draft-n-max K`, the
+draft's `--spec-draft-p-min` as specrun's), and TYPE (`--spec-type TYPE`, an n-gram drafter,
+e.g. ngram-mod, ngram-cache). Build llama-server from the llama.cpp that llama-cpp-python
+vendors (README, "Against llama.cpp").
+
+    .venv/bin/python bench/server_compare.py --llama-server /path/llama-server --pair smollm2-135m \\
+        --specrun none,draft:4,lookup:4,auto:8 --server none,md:4,ngram-mod --repeats 2 -n 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from modes_compare import P_MIN, PROMPTS  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class Server:
+    def __init__(self, exe: str, target: Path, draft: Path, cfg: str, threads: int, ctx: int) -> None:
+        self.port = free_port()
+        cmd = [exe, "-m", str(target), "-t", str(threads), "-c", str(ctx), "--host", "127.0.0.1",
+               "--port", str(self.port), "-np", "1", "--no-webui", "-fa", "off"]
+        if cfg.startswith("md:"):
+            cmd += ["-md", str(draft), "--spec-draft-n-max", cfg[3:], "--spec-draft-n-min", "0",
+                    "--spec-draft-p-min", str(P_MIN), "-td", str(threads), "-cd", str(ctx)]
+        elif cfg != "none":
+            cmd += ["--spec-type", cfg]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        deadline = time.time() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server ({cfg}) exited: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"llama-server ({cfg}) did not become healthy")
+            time.sleep(0.3)
+
+    def run(self, prompt: str, n: int) -> tuple[float, str]:
+        out = post(f"http://127.0.0.1:{self.port}/v1/chat/completions", {
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0,
+            "seed": 0, "cache_prompt": False,
+        })
+        return float(out["timings"]["predicted_per_second"]), out["choices"][0]["message"]["content"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-server", required=True)
+    ap.add_argument("--pair", default="smollm2-135m")
+    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--specrun", default="none,draft:4,lookup:4,auto:8")
+    ap.add_argument("--server", default="none,md:4,ngram-mod")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from specrun.cli import chat_tokens
+    from specrun.engine import Engine, SpecConfig
+    from specrun.loader import calibrate_auto
+    from specrun.registry import Registry
+    from specrun.runtime import LoadOptions, Model, physical_cores
+    from specrun.sampling import SamplingParams
+
+    threads = args.threads or physical_cores()
+    reg = Registry.load()
+    pair = reg.pair(args.pair)
+    tpath, dpath = reg.ensure(pair.target), reg.ensure(pair.draft)
+    prompts = [p for p in args.prompts.split(",") if p]
+    results: dict[str, dict[str, list[float]]] = {}
+
+    lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
+    target = Model(tpath, lo)
+    draft = Model(dpath, LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512,
+                                     n_outputs_max=65, amx_rows=True))
+    engines = {}
+    for cfg in args.specrun.split(","):
+        mode, _, k = cfg.partition(":")
+        eng = Engine(target, draft if mode in ("draft", "hybrid", "auto") else None,
+                     SpecConfig(mode=mode, draft_max=int(k or 4), draft_p_min=P_MIN))
+        if mode == "auto":
+            calibrate_auto(eng)
+        engines[f"specrun {cfg}"] = eng
+    greedy = SamplingParams(temp=0.0, seed=0)
+    toks = {p: chat_tokens(target, target.chat_template(), [{"role": "user", "content": PROMPTS[p]}])
+            for p in prompts}
+    for _ in range(args.repeats):
+        for label, eng in engines.items():
+            for p in prompts:
+                res = eng.run(toks[p], max_tokens=args.n, params=greedy, reuse_cache=False)
+                results.setdefault(label, {}).setdefault(p, []).append(res.stats.tokens_per_second)
+    target.close()
+    draft.close()
+
+    for _ in range(args.repeats):
+        for cfg in args.server.split(","):
+            srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
+            try:
+                for p in prompts:
+                    tps, _text = srv.run(PROMPTS[p], args.n)
+                    results.setdefault(f"llama-server {cfg}", {}).setdefault(p, []).append(tps)
+            finally:
+                srv.stop()
+
+    med = {lab: {p: statistics.median(v) for p, v in by.items()} for lab, by in results.items()}
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"{args.pair}: {tpath.name} + {dpath.name}; greedy, {args.n} tokens, {threads} threads, "
+          f"medians of {args.repeats}; {cpu}")
+    base_s = med.get("specrun none", {})
+    base_l = med.get("llama-server none", {})
+    print("| configuration | " + " | ".join(prompts) + " | geo-mean vs own none | vs llama-server none |")
+    print("|---" * (len(prompts) + 3) + "|")
+    for lab, by in med.items():
+        own = base_s if lab.startswith("specrun") else base_l
+        cells = [f"{by[p]:.1f}" for p in prompts]
+        gm = statistics.geometric_mean([by[p] / own[p] for p in prompts]) if own else float("nan")
+        gl = statistics.geometric_mean([by[p] / base_l[p] for p in prompts]) if base_l else float("nan")
+        print(f"| {lab} | " + " | ".join(cells) + f" | {gm:.2f}x | {gl:.2f}x |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"pair": args.pair, "threads": threads, "n": args.n,
+                                               "cpu": cpu, "tok_s": med}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""V(n): what a verify pass of n rows costs relative to one row, per weight format and build.
+
+Speculation pays only where a pass over K+1 rows costs little more than one row. This measures
+V(n) = time(one llama_decode of n rows) / time(one row) the way the engine pays it: at a real
+position (``--pos`` tokens already cached), with logits on every row (what verification reads)
+and, for comparison, on the last row only. Sizes alternate within one process and each figure is
+a median of ``--reps`` passes, each rolled back with the KV cache's tail removal, as a rejected
+draft is.
+
+Builds: ``--lib DIR`` (repeatable) runs the same measurement, in a child process, over another
+llama.cpp build's shared libraries (a ``build/bin`` of llama.cpp built with -DBUILD_SHARED_LIBS=ON,
+e.g. llama.cpp's default build), with the weights placed as llama.cpp places them (every repacked
+type, its tiled K-quant matmul on); the first column is always specrun's own build and placement.
+``--llama-bench PATH`` adds llama.cpp's own llama-bench (pp1/pp2/pp5/pp9, position 0, last-row
+logits) for the same files.
+
+Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0); the others (BF16,
+Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
+
+    .venv/bin/python bench/verify_cost.py --formats F32,F16,Q8_0,Q4_K_M --lib /path/llama.cpp/build/bin
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = (1, 2, 3, 5, 9)
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
+
+
+def derived(fmt: str, base: str) -> Path:
+    """The registry model ``base`` re-quantized to ``fmt`` (made once, then reused)."""
+    from specrun.paths import specrun_home
+    from specrun.registry import Registry
+    from specrun.runtime import quantize
+
+    reg = Registry.load()
+    named = f"{base.rsplit('-', 1)[0]}-{fmt.lower()}"  # the registry's own, where it has one
+    if named in reg.models:
+        return reg.ensure(named)
+    src = reg.ensure(base)
+    out = specrun_home() / "derived" / f"{src.stem}.{fmt}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".part")
+        quantize(src, tmp, fmt)
+        os.replace(tmp, out)
+    return out
+
+
+def measure(path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...], exact: bool = True) -> dict:
+    """Median seconds of an n-row pass at position ``pos``, all-row and last-row logits.
+    ``exact``: weights placed as specrun places a target's (row-exact kernels only); otherwise as
+    llama.cpp places them by default (every repacked type, the tiled K-quant matmul)."""
+    if not exact:
+        os.environ["GGML_CPU_TILED_MM"] = "1"
+    from specrun.runtime import LoadOptions, Model, system_info
+
+    m = Model(path, LoadOptions(n_ctx=pos + 64, n_threads=threads, n_batch=512, n_outputs_max=16,
+                                exact_rows=exact))
+    try:
+        prompt = (m.tokenize("The quick brown fox jumps over the lazy dog. " * 64))[:pos]
+        m.decode(prompt, 0, None)
+        rows = [prompt[(7 * i) % len(prompt)] for i in range(max(sizes))]
+        times: dict[str, list[float]] = {f"{n}{w}": [] for n in sizes for w in ("a", "l")}
+        for _ in range(2):  # warm-up
+            for n in sizes:
+                m.decode(rows[:n], pos, 0)
+                m.truncate(pos)
+        for _ in range(reps):
+            for n in sizes:
+                for w in ("a", "l"):
+                    t0 = time.perf_counter()
+                    m.decode(rows[:n], pos, 0 if w == "a" else n - 1)
+                    times[f"{n}{w}"].append(time.perf_counter() - t0)
+                    m.truncate(pos)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        return {
+            "t1_ms": med["1a"] * 1e3,
+            "all": {n: med[f"{n}a"] / med["1a"] for n in sizes},
+            "last": {n: med[f"{n}l"] / med["1l"] for n in sizes},
+            "llamafile": "LLAMAFILE = 1" in system_info(),
+            "weights": m.load_report.get("weight_buffers", []),
+        }
+    finally:
+        m.close()
+
+
+def overlay(lib_dir: Path) -> Path:
+    """A copy of the installed llama_cpp package whose shared libraries are those of ``lib_dir``."""
+    import llama_cpp
+
+    pkg = Path(llama_cpp.__file__).parent
+    root = Path(tempfile.mkdtemp(prefix="specrun-lib-"))
+    shutil.copytree(pkg, root / "llama_cpp", ignore=shutil.ignore_patterns("lib"))
+    (root / "llama_cpp" / "lib").mkdir()
+    for so in lib_dir.glob("*.so*"):
+        (root / "llama_cpp" / "lib" / so.name).symlink_to(so.resolve())
+    return root
+
+
+def llama_bench(exe: str, path: Path, threads: int, reps: int) -> dict:
+    sizes = ",".join(str(n) for n in SIZES)
+    out = subprocess.run(
+        [exe, "-m", str(path), "-t", str(threads), "-p", sizes, "-n", "0", "-r", str(reps), "-o", "json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    by_n = {int(r["n_prompt"]): r["avg_ns"] / 1e9 for r in json.loads(out)}
+    return {"t1_ms": by_n[1] * 1e3, "last": {n: by_n[n] / by_n[1] for n in SIZES}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--base", default="smollm2-135m-instruct-f32", help="registry model to derive from")
+    ap.add_argument("--model", action="append", default=[], help="a GGUF file to measure as well")
+    ap.add_argument("--pos", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--lib", action="append", default=[], help="another llama.cpp build's bin dir")
+    ap.add_argument("--llama-bench", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--llama-defaults", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    from specrun.runtime import physical_cores
+
+    threads = args.threads or physical_cores()
+    if args.child:  # one build's measurements, as JSON on stdout
+        paths = json.loads(args.child)
+        print(json.dumps({p: measure(Path(p), args.pos, args.reps, threads, SIZES, not args.llama_defaults)
+                          for p in paths}))
+        return 0
+
+    files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
+    files += [(Path(p).name, Path(p)) for p in args.model]
+    builds = [("specrun", None)] + [(str(lib), Path(lib)) for lib in args.lib]
+    results: dict[str, dict] = {}
+    for label, lib in builds:
+        env = dict(os.environ)
+        if lib is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(overlay(lib)), str(ROOT / "src"), env.get("PYTHONPATH", "")])
+        cmd = [sys.executable, __file__, "--child", json.dumps([str(p) for _, p in files]),
+               "--pos", str(args.pos), "--reps", str(args.reps), "--threads", str(threads)]
+        if lib is not None:  # another build: as llama.cpp itself would run it
+            cmd.append("--llama-defaults")
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"{label}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        results[label] = json.loads(res.stdout)
+    if args.llama_bench:
+        results["llama-bench"] = {str(p): llama_bench(args.llama_bench, p, threads, 5) for _, p in files}
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"V(n) = time of an n-row pass / one row; {threads} threads, position {args.pos}; {cpu}")
+    cols = list(results)
+    print("| format | " + " | ".join(f"{c} (all rows) | {c} (last row)" if c != "llama-bench" else c
+                                       for c in cols) + " |")
+    print("|---" * (1 + sum(2 if c != "llama-bench" else 1 for c in cols)) + "|")
+    for fmt, p in files:
+        cells = []
+        for c in cols:
+            r = results[c][str(p)]
+            shown = ("last",) if c == "llama-bench" else ("all", "last")
+            for w in shown:
+                v = r[w]
+                cells.append(f"{r['t1_ms']:.1f} ms · " + " / ".join(f"{v[str(n)] if str(n) in v else v[n]:.2f}"
+                                                                     for n in (2, 5, 9)))
+        print(f"| {fmt} | " + " | ".join(cells) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": threads, "pos": args.pos, "cpu": cpu,
+                                               "files": {f: str(p) for f, p in files},
+                                               "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

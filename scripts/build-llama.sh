@@ -1,0 +1,18 @@
+#!/bin/sh
+# Build and install the pinned llama-cpp-python from its source release with specrun's patches to
+# the llama.cpp it vendors (patches/*.patch: row-exact batched kernels, README "Install it your
+# way"), using $CMAKE_ARGS. Usage: scripts/build-llama.sh PYTHON
+set -eu
+PY=${1:?usage: scripts/build-llama.sh PYTHON}
+PIN=0.3.36
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT INT TERM
+"$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$PIN" -d "$tmp"
+tar xzf "$tmp/llama_cpp_python-$PIN.tar.gz" -C "$tmp"
+for p in "$ROOT"/patches/llama-cpp-python-$PIN-*.patch; do
+  echo "applying $(basename "$p")"
+  (cd "$tmp/llama_cpp_python-$PIN" && git apply -p1 "$p")
+done
+CMAKE_ARGS="${CMAKE_ARGS:-}" "$PY" -m pip install --quiet --force-reinstall --no-cache-dir --no-deps \
+  "$tmp/llama_cpp_python-$PIN"

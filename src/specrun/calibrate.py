@@ -1,0 +1,133 @@
+"""What a model's passes cost on this machine, measured once and cached: V(n) before the first bet.
+
+``auto`` prices a draft of K tokens with V(K + 1), the time of a target pass over K + 1 rows
+relative to one row, and with c, a draft step relative to one target row. Learnt online alone,
+the first estimates come from a prior (V(5) ~ 1.4): on a target whose batches are expensive
+(F16 or Q4_K_M on a 2-core CPU, V(5) 2-3.5 with the build specrun used to have) the first dozen
+bets were losses before the measurements caught up. So a model is timed once at load, before its
+cache holds anything: passes of 1, 2, 3, 5 and 9 rows with logits on every row (as verification
+reads them), alternating, medians of a few. The result is cached per model file, build, CPU,
+threads and GPU layers in ``$SPECRUN_HOME/calibration.json``, so later runs pay nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .paths import specrun_home
+
+SIZES = (1, 2, 3, 5, 9)
+REPS = 3
+_VERSION = 1
+
+
+def cache_file() -> Path:
+    return specrun_home() / "calibration.json"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _key(model: Any, sizes: Sequence[int]) -> str:
+    from .runtime import system_info
+
+    st = Path(model.path).stat()
+    cp = model.context_params()
+    parts = [
+        str(_VERSION), str(Path(model.path).resolve()), str(st.st_size), str(st.st_mtime_ns),
+        system_info(), _cpu_name(), str(cp["n_threads"]), str(cp["n_threads_batch"]),
+        str(cp.get("gpu_layers", 0)), str(cp.get("flash_attn")), str(cp.get("type_k")),
+        str(model.single_rows), ",".join(map(str, sizes)),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def measure(model: Any, sizes: Sequence[int] = SIZES, reps: int = REPS) -> dict[int, float]:
+    """Median seconds of a pass of n rows (logits on all of them) at the start of an empty
+    cache, sizes alternating; the cache is left empty."""
+    sizes = [n for n in sizes if n <= min(model.n_batch, model.n_outputs_max, model.n_ctx)]
+    if not sizes:
+        return {}
+    bos = model.bos if model.bos >= 0 else 0
+    rows = [bos] * max(sizes)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    model.clear()
+    try:
+        for rep in range(reps + 1):  # the first round warms up and is not counted
+            for n in sizes:
+                t0 = time.perf_counter()
+                model.decode(rows[:n], 0, 0)
+                dt = time.perf_counter() - t0
+                model.truncate(0)
+                if rep:
+                    times[n].append(dt)
+    finally:
+        model.clear()
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def _load_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(cache_file().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(data: dict[str, Any]) -> None:
+    path = cache_file()
+    with contextlib.suppress(OSError):  # a read-only home only costs the next run a measurement
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def pass_times(model: Any, sizes: Sequence[int] = SIZES, refresh: bool = False) -> dict[int, float]:
+    """Seconds of an n-row pass of ``model`` by n: from the cache, else measured (and cached).
+    Call it before the model's cache holds anything one wants to keep: it clears it."""
+    key = _key(model, sizes)
+    data = _load_cache()
+    got = data.get(key)
+    if not refresh and isinstance(got, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            times = {int(n): float(t) for n, t in got.items()}
+            if times and all(t > 0 for t in times.values()):
+                return times
+    times = measure(model, sizes)
+    if times:
+        data[key] = {str(n): t for n, t in times.items()}
+        if len(data) > 256:  # keep the newest entries (dicts keep insertion order)
+            data = dict(list(data.items())[-256:])
+        _save_cache(data)
+    return times
+
+
+def relative(times: dict[int, float]) -> dict[int, float]:
+    """V(n) = time(n rows) / time(1 row)."""
+    t1 = times.get(1)
+    return {n: t / t1 for n, t in sorted(times.items())} if t1 else {}

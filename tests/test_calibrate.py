@@ -1,0 +1,111 @@
+"""Measured pass costs (calibrate.py): auto prices its first bets from what the target's batches
+really cost here, and the measurement is made once per model file and machine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_lookup_policy import FakeDraftModel, FakeLookup, drive
+
+from specrun import calibrate
+from specrun.policy import AutoPolicy
+from specrun.sampling import SamplingParams
+
+
+def first_choices(policy, n, accept_rate, t1, slope, draft_step_s=0.004, seed=0):
+    return drive(policy, n, accept_rate=accept_rate, draft_step_s=draft_step_s, t1=t1, slope=slope,
+                 rng=np.random.default_rng(seed))
+
+
+def test_expensive_batches_are_recognised_before_the_first_bet():
+    """V(n) = n (every row as dear as a whole step): no draft can pay. Uncalibrated, auto bets on
+    its prior (V(5) ~ 1.4) and loses for a while; calibrated, it decodes plainly from step one."""
+    t1 = 0.010
+    measured = {n: t1 * n for n in calibrate.SIZES}
+    cold = AutoPolicy(8, None, FakeDraftModel())
+    cal = AutoPolicy(8, None, FakeDraftModel())
+    cal.calibrate(measured, 0.004)
+    cold_steps = first_choices(cold, 12, 0.9, t1, 1.0)
+    cal_steps = first_choices(cal, 12, 0.9, t1, 1.0)
+    assert sum(k for _name, k in cold_steps) > 0  # the prior bets
+    assert all(k == 0 for _name, k in cal_steps), cal_steps
+
+
+def test_cheap_batches_let_it_draft_at_once():
+    t1 = 0.010
+    cal = AutoPolicy(8, None, FakeDraftModel())
+    cal.calibrate({n: t1 * (1 + 0.05 * (n - 1)) for n in calibrate.SIZES}, 0.001)
+    name, prop = cal.draft([0] * 10, 8, SamplingParams(), np.random.default_rng(0), True)
+    assert name == "draft" and len(prop) >= 2
+
+
+def test_calibration_survives_a_reset_and_interpolates():
+    policy = AutoPolicy(8, FakeLookup(), None)
+    policy.calibrate({1: 0.01, 2: 0.015, 3: 0.02, 5: 0.03, 9: 0.05})
+    policy.reset()  # a cold start forgets acceptance, not what the machine costs
+    v = policy.costs.verify_cost()
+    assert v(1) == 1.0 and v(5) == pytest.approx(3.0) and v(9) == pytest.approx(5.0)
+    assert v(4) == pytest.approx(2.5) and v(7) == pytest.approx(4.0)  # between measured sizes
+
+
+class FakeModel:
+    """Enough of runtime.Model for the cache: a file, its context's settings, timed decodes."""
+
+    def __init__(self, path, threads=2):
+        self.path = path
+        self.threads = threads
+        self.single_rows = False
+        self.n_batch, self.n_outputs_max, self.n_ctx, self.bos = 512, 65, 4096, 1
+        self.decoded: list[int] = []
+
+    def context_params(self):
+        return {"n_threads": self.threads, "n_threads_batch": self.threads, "gpu_layers": 0,
+                "flash_attn": "disabled", "type_k": "f16"}
+
+    def clear(self):
+        pass
+
+    def truncate(self, n):
+        pass
+
+    def decode(self, tokens, pos0, logits_from=None):
+        self.decoded.append(len(tokens))
+
+
+def test_pass_times_are_measured_once_per_file_and_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path / "home"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    m = FakeModel(gguf)
+    first = calibrate.pass_times(m)
+    assert sorted(first) == list(calibrate.SIZES) and all(t > 0 for t in first.values())
+    assert len(m.decoded) == len(calibrate.SIZES) * (calibrate.REPS + 1)
+    m.decoded.clear()
+    assert calibrate.pass_times(m) == first and m.decoded == []  # from the cache
+    calibrate.pass_times(FakeModel(gguf, threads=1))  # another setting: measured anew
+    assert len(json.loads(calibrate.cache_file().read_text())) == 2
+    gguf.write_bytes(b"GGUF" + b"\1" * 80)  # the file changed: measured anew
+    m.decoded.clear()
+    calibrate.pass_times(m)
+    assert m.decoded
+
+
+def test_a_corrupt_cache_is_measured_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path))
+    calibrate.cache_file().write_text("{not json")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    assert calibrate.pass_times(FakeModel(gguf))
+    assert isinstance(json.loads(calibrate.cache_file().read_text()), dict)
+
+
+@pytest.mark.models
+def test_real_pass_times_grow_with_rows_and_leave_the_cache_empty(smol_target):
+    times = calibrate.measure(smol_target, (1, 5, 9), reps=2)
+    assert times[1] < times[9]
+    # The cache is empty again: a decode at position 0 works and a prompt starts clean.
+    toks = smol_target.tokenize("Hello there", add_special=True)
+    smol_target.decode(toks, 0, logits_from=len(toks) - 1)
+    smol_target.clear()

@@ -1,0 +1,73 @@
+"""Row exactness on every weight format people run: a row verified inside a batch gets, bit for
+bit, the logits it gets when decoded alone. Greedy speculation equals the target alone only if
+this holds; it is what the build (patches/, Makefile) is chosen for.
+
+The formats come from the registry (SmolLM2 F32, F16, Q8_0, Q4_K_M, Q4_0), and BF16 and Q6_K are
+derived once from its F32 into $SPECRUN_HOME/derived."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import SMOL_TARGET, THREADS
+
+from specrun.paths import specrun_home
+from specrun.runtime import LoadOptions, Model, quantize
+
+pytestmark = pytest.mark.models
+
+FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K"]
+TEXT = (
+    "The history of the printing press begins in the fifteenth century, when a goldsmith in "
+    "Mainz combined a screw press with movable metal type. "
+)
+
+
+REGISTRY = {"F32": SMOL_TARGET, "Q4_0": "smollm2-135m-instruct-q4_0", "F16": "smollm2-135m-instruct-f16",
+            "Q8_0": "smollm2-135m-instruct-q8_0", "Q4_K_M": "smollm2-135m-instruct-q4_k_m"}
+
+
+def derived(model_path, fmt: str):
+    if fmt in REGISTRY:
+        return model_path(REGISTRY[fmt])
+    src = model_path(SMOL_TARGET)
+    out = specrun_home() / "derived" / f"{src.stem}.{fmt}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".{os.getpid()}.part")
+        quantize(src, tmp, fmt)
+        os.replace(tmp, out)
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batched_rows_equal_single_rows(model_path, fmt):
+    path = derived(model_path, fmt)
+    # As the command line loads a target: default buffers (CPU_REPACK where llama.cpp repacks).
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
+    try:
+        prompt = m.tokenize(TEXT * 3, add_special=True)  # past a few hundred positions
+        p = len(prompt)
+        m.decode(prompt, 0, logits_from=p - 1)
+        alone, toks = [m.logits(-1).copy()], []
+        for i in range(12):
+            toks.append(int(np.argmax(alone[-1])))
+            m.decode([toks[-1]], p + i, logits_from=0)
+            alone.append(m.logits(0).copy())
+        for rows in (2, 3, 4, 5, 9):
+            m.truncate(p)
+            pos, batched = p, []
+            for start in range(0, 12, rows):
+                chunk = toks[start:start + rows]
+                m.decode(chunk, pos, logits_from=0)
+                batched += [m.logits(r).copy() for r in range(len(chunk))]
+                pos += len(chunk)
+            for i, (a, b) in enumerate(zip(alone[1:], batched, strict=True)):
+                assert np.array_equal(a, b), (
+                    f"{fmt}: row {i} in batches of {rows} differs from one-at-a-time decoding by "
+                    f"up to {np.max(np.abs(a - b)):.1e} (weights in {m.load_report.get('weight_buffers')})"
+                )
+    finally:
+        m.close()
