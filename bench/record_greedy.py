@@ -29,9 +29,10 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--pair", default="smollm2-135m", help="the target of this registry pair")
     a = ap.parse_args()
     reg = Registry.load()
-    pair = reg.pair("smollm2-135m")
+    pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=2))
     engine = Engine(target, None, SpecConfig(mode="none"))
     out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
