@@ -11,6 +11,15 @@ passes, the same from run to run; model time then compares the choices a mode ma
 machine's noise (5-15% between runs here) and without the Python around llama.cpp, which the
 tok/s figures include. ``--prompts bench:CATEGORY`` takes the first turn of the builtin bench
 suite's first prompt of that category.
+
+Multi-request workloads: ``--prompts seq:CATEGORY`` runs every prompt of that category of
+``--suite`` (default: src/specrun/data/workloads.jsonl), every turn (a follow-up answers the
+reply the configuration itself gave: greedy, so every exact mode gives the same), in order, in
+one process: the lookup store of earlier outputs starts empty at the sequence's start and grows
+through it, as over chat turns or repeated requests. Figures are over the whole sequence (its
+tokens over its summed model time). Single prompts run with an empty store (every repeat is a
+first request). Mode ``ngram`` is the n-gram prompt lookup before the suffix drafter
+(``SpecConfig(lookup_kind="ngram")``), ``auto-ngram`` auto over it.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from specrun.bench import load_suite
 from specrun.cli import chat_tokens
 from specrun.engine import Engine, SpecConfig
 from specrun.loader import calibrate_auto
@@ -94,6 +104,73 @@ class DecodeLog:
         return result, self.calls
 
 
+class SeqResult:
+    """A sequence of requests as one run: its tokens, and stats summed where they add up."""
+
+    def __init__(self, results: list) -> None:
+        self.results = results
+        self.tokens = [t for r in results for t in r.tokens]
+        self.generated = sum(r.stats.generated for r in results)
+        self.decode_seconds = sum(r.stats.decode_seconds for r in results)
+        self.drafted = sum(r.stats.drafted for r in results)
+        self.accepted = sum(r.stats.accepted for r in results)
+        self.passes = sum(r.stats.target_passes for r in results)
+        self.modes_used: dict[str, int] = defaultdict(int)
+        for r in results:
+            for k, v in r.stats.modes_used.items():
+                self.modes_used[k] += v
+
+
+def run_sequence(log: DecodeLog, engine: Engine, target: Model, prompts: list, n: int) -> tuple[SeqResult, list]:
+    engine.clear_store()
+    results, calls = [], []
+    for p in prompts:
+        history: list[dict[str, str]] = []
+        for user in p.turns:
+            history.append({"role": "user", "content": user})
+            toks = chat_tokens(target, target.chat_template(), history)
+            r, cs = log.run(engine, toks, n)
+            results.append(r)
+            calls.extend(cs)
+            history.append({"role": "assistant", "content": r.text})
+    return SeqResult(results), calls
+
+
+def make_engine(target: Model, draft: Model, mode: str, k: int | None, p_min: float) -> Engine:
+    kind = "ngram" if mode.endswith("ngram") else "suffix"
+    m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)
+    return Engine(target, None if m in ("none", "lookup") else draft,
+                  SpecConfig(mode=m, draft_max=k or 4, draft_p_min=p_min, lookup_kind=kind))
+
+
+class _SeqStats:
+    """A SeqResult in the shape the report reads (``r.stats.*``, ``r.tokens``)."""
+
+    def __init__(self, s: SeqResult) -> None:
+        self.results = s.results
+        self.tokens = s.tokens
+        self.stats = self
+        self.generated = s.generated
+        self.tokens_per_second = s.generated / s.decode_seconds if s.decode_seconds else 0.0
+        self.acceptance_rate = s.accepted / s.drafted if s.drafted else 0.0
+        self.mean_accepted_length = s.generated / s.passes if s.passes else 0.0
+        self.modes_used = dict(s.modes_used)
+
+
+def fit_line(by_rows: dict[int, list[float]]) -> dict[int, float]:
+    """Target pass seconds as a + b * rows, least squares over every pass's rows with the
+    median time of its row count (a count seen a few times, as long lookup drafts are, would
+    otherwise price a run by one or two noisy passes on a busy machine)."""
+    pts = [(n, statistics.median(v), len(v)) for n, v in by_rows.items()]
+    w = sum(c for _, _, c in pts)
+    mx = sum(n * c for n, _, c in pts) / w
+    my = sum(t * c for _, t, c in pts) / w
+    sxx = sum(c * (n - mx) ** 2 for n, _, c in pts)
+    b = max(0.0, sum(c * (n - mx) * (t - my) for n, t, c in pts) / sxx) if sxx > 0 else 0.0
+    a = my - b * mx
+    return {n: a + b * n for n in by_rows}
+
+
 def model_seconds(calls: list[tuple[str, int, float]], target_s: dict[int, float], draft_row_s: float) -> float:
     return sum(target_s[n] if tag == "target" else draft_row_s * n for tag, n, _ in calls)
 
@@ -120,7 +197,10 @@ def main() -> None:
     ap.add_argument("--pair", default="smollm2-135m", help="a registry pair (default: the default pair)")
     ap.add_argument("--json")
     ap.add_argument("--p-min", type=float, default=P_MIN, help="--draft-p-min for the draft model")
-    ap.add_argument("--prompts", help="comma list of prompt names (default: all)")
+    ap.add_argument("--prompts", help="comma list of prompt names, bench:CATEGORY or seq:CATEGORY (default: all)")
+    ap.add_argument("--suite", default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
+                    help="the suite seq:CATEGORY reads")
+    ap.add_argument("--limit", type=int, default=0, help="seq: only the first N prompts of the category")
     ap.add_argument("--configs", help="comma list of MODE:K, e.g. none,draft:2,draft:3,lookup:4,auto:4 "
                                       "(default: none,draft:4,lookup:4,hybrid:4,auto:4)")
     a = ap.parse_args()
@@ -133,11 +213,7 @@ def main() -> None:
     pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
     draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True))
-    engines = {
-        (m, k): Engine(target, None if m in ("none", "lookup") else draft,
-                       SpecConfig(mode=m, draft_max=k or 4, draft_p_min=a.p_min))
-        for m, k in CONFIGS
-    }
+    engines = {(m, k): make_engine(target, draft, m, k, a.p_min) for m, k in CONFIGS}
     for e in engines.values():
         if e.mode == "auto":  # as the command line starts it: from the measured pass costs
             calibrate_auto(e)
@@ -149,14 +225,28 @@ def main() -> None:
     rows = []
     chosen = a.prompts.split(",") if a.prompts else list(PROMPTS)
     for key in chosen:
-        text = prompt_text(key)
-        toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
+        seq = None
+        if key.startswith("seq:"):
+            _, suite = load_suite(a.suite)
+            seq = [p for p in suite if p.category == key[4:]]
+            if a.limit:
+                seq = seq[:a.limit]
+            if not seq:
+                raise SystemExit(f"no prompts of category {key[4:]!r} in {a.suite}")
+            toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": seq[0].turns[0]}])
+        else:
+            text = prompt_text(key)
+            toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
         engines[CONFIGS[0]].run(toks, max_tokens=16, reuse_cache=False)  # warm-up
         runs: dict[tuple, list] = {c: [] for c in CONFIGS}
         calls: dict[tuple, list] = {c: [] for c in CONFIGS}
         for _ in range(a.repeats):
             for c in CONFIGS:
-                r, cs = log.run(engines[c], toks, a.n)
+                if seq is not None:
+                    r, cs = run_sequence(log, engines[c], target, seq, a.n)
+                else:
+                    engines[c].clear_store()  # every repeat a first request
+                    r, cs = log.run(engines[c], toks, a.n)
                 runs[c].append(r)
                 calls[c].append(cs)
         by_rows: dict[int, list[float]] = defaultdict(list)
@@ -169,10 +259,23 @@ def main() -> None:
                     else:
                         per_row.append(sec / n)
         target_s = {n: statistics.median(v) for n, v in by_rows.items()}
+        target_fit = fit_line(by_rows)
+        t1 = target_fit.get(1) or min(target_fit.values())
+        print(json.dumps({"prompt": key, "passes_by_rows": {n: len(v) for n, v in sorted(by_rows.items())},
+                          "V_median": {n: round(target_s[n] / t1, 2) for n in sorted(target_s)},
+                          "V_fit": {n: round(target_fit[n] / t1, 2) for n in sorted(target_fit)},
+                          "t1_ms": round(t1 * 1000, 2)}), flush=True)
         draft_row_s = statistics.median(per_row) if per_row else 0.0
 
+        if seq is not None:
+            runs = {c: [_SeqStats(r) for r in rs] for c, rs in runs.items()}
         model_tps = {
             c: statistics.median(r.stats.generated / model_seconds(cs, target_s, draft_row_s)
+                                 for r, cs in zip(runs[c], calls[c], strict=True))
+            for c in CONFIGS
+        }
+        fit_tps = {
+            c: statistics.median(r.stats.generated / model_seconds(cs, target_fit, draft_row_s)
                                  for r, cs in zip(runs[c], calls[c], strict=True))
             for c in CONFIGS
         }
@@ -183,8 +286,11 @@ def main() -> None:
             tps = statistics.median(r.stats.tokens_per_second for r in rs)
             rows.append({
                 "prompt": key, "prompt_tokens": len(toks), "mode": c[0], "draft_max": c[1],
+                "requests": len(rs[0].results) if seq is not None else 1,
+                "generated": rs[0].stats.generated,
                 "tokens_per_second": round(tps, 2), "speedup": round(tps / base, 3),
                 "model_speedup": round(model_tps[c] / model_base, 3),
+                "fit_speedup": round(fit_tps[c] / fit_tps[CONFIGS[0]], 3),
                 "acceptance_rate": round(statistics.median(r.stats.acceptance_rate for r in rs), 3),
                 "mean_accepted_length": round(statistics.median(r.stats.mean_accepted_length for r in rs), 2),
                 "identical": all(r.tokens == runs[CONFIGS[0]][0].tokens for r in rs),
@@ -199,6 +305,7 @@ def main() -> None:
         for m, k in CONFIGS:
             r = next(x for x in rows if x["prompt"] == key and x["mode"] == m and x["draft_max"] == k)
             cells.append(f"{r['tokens_per_second']:.1f} tok/s ({r['speedup']:.2f}x, model {r['model_speedup']:.2f}x, "
+                         f"fit {r['fit_speedup']:.2f}x, "
                          f"acc {r['acceptance_rate']:.2f}{'' if r['identical'] else ', DIFFERENT'})")
         print(f"| {key} | " + " | ".join(cells) + " |")
     if a.json:

@@ -2,7 +2,9 @@
 
 Method (DESIGN.md, "Benchmarks report medians and ratios measured in one process"):
 - the models are loaded once; one Engine per (mode, K) shares them; every run starts from a
-  fresh cache (``reuse_cache=False``);
+  fresh cache (``reuse_cache=False``) and an empty lookup store (no earlier output to copy,
+  not even this prompt's from the repeat before; bench/modes_compare.py's ``seq:`` workloads
+  measure the store over a sequence of requests);
 - one short warm-up run per configuration before anything is measured (llama.cpp allocates
   its compute buffers per batch size on first use);
 - within each repeat every configuration runs once on the prompt, in an order rotated per repeat,
@@ -416,6 +418,9 @@ def _measure_prompt(engines: Sequence[tuple[Config, Engine]], p: Prompt, turn: i
             for i in range(n):
                 cfg, eng = engines[(i + rep) % n]  # rotate the order from repeat to repeat
                 tick(f"{p.column} #{p.question_id} {cfg.label}")
+                clear = getattr(eng, "clear_store", None)
+                if clear is not None:  # a first request: no earlier output (nor this prompt's) to copy
+                    clear()
                 res = eng.run(tokens, max_tokens=settings.max_tokens, params=settings.params,
                               reuse_cache=False)
                 runs.append(_to_run(cfg, eng, p, turn, rep, res))

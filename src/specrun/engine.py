@@ -25,6 +25,7 @@ from .textstream import TextStream
 
 MODES = ("auto", "draft", "lookup", "hybrid", "none")
 VERIFY_RULES = ("rejection", "match")
+LOOKUP_KINDS = ("suffix", "ngram")
 MAX_DRAFT = 64  # longest draft; the contexts keep MAX_DRAFT + 1 rows of logits
 
 
@@ -37,7 +38,14 @@ class SpecConfig:
     verify: str = "rejection"  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
     lookup_min: int = 1
     lookup_max: int = 4
-    lookup_cache: str | None = None  # a file of n-gram statistics kept across runs
+    lookup_cache: str | None = None  # a file of earlier outputs kept across runs
+    # "suffix": the suffix drafter (suffix.py; longest match in this text and earlier outputs,
+    # ranked continuations); "ngram": the n-gram prompt lookup before it (lookup.py).
+    lookup_kind: str = "suffix"
+    # The suffix drafter's longest proposal: max(draft_max, this). A long match is cheap to
+    # verify (a 17-row pass ~2.6 target steps here) and --draft-max is the draft model's K.
+    lookup_draft_max: int = 16
+    lookup_store_tokens: int = 65536  # earlier outputs kept in memory (oldest evicted)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -52,6 +60,10 @@ class SpecConfig:
             raise UsageError(
                 f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
             )
+        if self.lookup_kind not in LOOKUP_KINDS:
+            raise UsageError(f"lookup kind must be one of {', '.join(LOOKUP_KINDS)}, got {self.lookup_kind!r}")
+        if not 1 <= self.lookup_draft_max <= MAX_DRAFT:
+            raise UsageError(f"lookup draft max must be 1 to {MAX_DRAFT}, got {self.lookup_draft_max}")
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
 
@@ -98,7 +110,11 @@ class Engine:
         self.config.validate()
         self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
         self.mode = self.resolve_mode(self.config.mode)
+        self.lookup = None  # the lookup drafter, when the mode has one
         self.policy = self._make_policy(self.mode)
+        self.k_cap = self.config.draft_max  # longest draft any drafter of this engine may propose
+        if self.lookup is not None and self.config.lookup_kind == "suffix":
+            self.k_cap = max(self.config.draft_max, self.config.lookup_draft_max)
         self._target_cached: list[int] = []  # mirror of the target cache, for prefix reuse
 
     # -- set-up ---------------------------------------------------------------------------
@@ -120,12 +136,22 @@ class Engine:
         from pathlib import Path
 
         from .lookup import NgramCache, PromptLookup
+        from .suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
 
         cfg = self.config
-        lookup = None
+        lookup: PromptLookup | SuffixLookup | None = None
         if mode in ("lookup", "hybrid", "auto"):
-            cache = NgramCache(Path(cfg.lookup_cache).expanduser()) if cfg.lookup_cache else None
-            lookup = PromptLookup(cfg.lookup_min, cfg.lookup_max, cache)
+            path = Path(cfg.lookup_cache).expanduser() if cfg.lookup_cache else None
+            if cfg.lookup_kind == "ngram":
+                lookup = PromptLookup(cfg.lookup_min, cfg.lookup_max, NgramCache(path) if path else None)
+            else:
+                # The store lives as long as the engine (one target, so one vocabulary): the
+                # requests of one process share it; the file keys it by vocabulary.
+                file = LookupFile(path, vocab_key(self.target)) if path else None
+                lookup = SuffixLookup(cfg.lookup_min, cfg.lookup_max,
+                                      max(cfg.draft_max, cfg.lookup_draft_max),
+                                      SuffixStore(cfg.lookup_store_tokens), file)
+        self.lookup = lookup
         if mode == "draft":
             assert self.draft_model is not None
             return FixedPolicy(self.draft_model)
@@ -134,13 +160,21 @@ class Engine:
             return FixedPolicy(lookup)
         if mode == "hybrid":
             assert lookup is not None and self.draft_model is not None
-            return HybridPolicy(lookup, self.draft_model)
+            return HybridPolicy(lookup, self.draft_model, cfg.draft_max)
         if mode == "auto":
             return AutoPolicy(cfg.draft_max, lookup, self.draft_model)
         return NoDraft()
 
+    def clear_store(self) -> None:
+        """Forget the lookup store of earlier outputs (kept across ``reset``, in memory; the
+        file, if any, is rewritten only at the next generation's end)."""
+        store = getattr(self.lookup, "store", None)
+        if store is not None:
+            store.clear()
+
     def reset(self) -> None:
-        """Forget both caches (bench: every run starts cold)."""
+        """Forget both caches (bench: every run starts cold). The lookup store of earlier
+        outputs stays (``clear_store``)."""
         self.target.clear()
         self._target_cached = []
         if self.draft_model is not None:
@@ -188,7 +222,7 @@ class Engine:
 
         greedy = params.greedy
         match = not greedy and self.config.verify == "match"
-        draft_max = self.config.draft_max
+        draft_max = self.k_cap
         draft_min = self.config.draft_min
         eog = target.is_eog
         piece = target.piece

@@ -1,4 +1,6 @@
-"""Prompt lookup decoding: draft from the context itself, no second model.
+"""Prompt lookup decoding over n-grams: the drafter before the suffix drafter (suffix.py), kept
+for comparisons (``SpecConfig(lookup_kind="ngram")``) and for its format-1 cache files, which
+suffix.LookupFile migrates.
 
 ``NgramIndex`` maps every n-gram of the token history (n in [n_min, n_max]) to the position
 right after its most recent occurrence. It is updated with each accepted token in O(n_max)

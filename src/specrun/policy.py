@@ -82,15 +82,17 @@ class FixedPolicy(Policy):
 
 
 class HybridPolicy(Policy):
-    def __init__(self, lookup: Drafter, model: DraftModel) -> None:
+    def __init__(self, lookup: Drafter, model: DraftModel, draft_max: int | None = None) -> None:
         self.lookup, self.model = lookup, model
         self.drafters = (lookup, model)
+        self.draft_max = draft_max  # the draft model's K (lookup may be allowed more)
 
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
         if len(prop):
             return self.lookup.name, prop
-        return self.model.name, self.model.propose(tokens, k_cap, params, rng, greedy_draft)
+        k = min(k_cap, self.draft_max) if self.draft_max else k_cap
+        return self.model.name, self.model.propose(tokens, k, params, rng, greedy_draft)
 
 
 class _Acceptance:
@@ -286,6 +288,8 @@ class AutoPolicy(Policy):
     def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
         self.draft_max = draft_max
         self.lookup, self.model = lookup, model
+        # Lookup's longest proposal (the suffix drafter's may exceed the draft model's K).
+        self.lookup_k = max(draft_max, int(getattr(lookup, "k_max", draft_max)))
         self.drafters = tuple(d for d in (lookup, model) if d is not None)
         self._measured: tuple[dict[int, float], float | None] = ({}, None)
         self._fresh()
@@ -356,8 +360,9 @@ class AutoPolicy(Policy):
         if a is None:
             base = (self.PRIOR_ACCEPT_LOOKUP_1 if key == "lookup:1"
                     else self.PRIOR_ACCEPT["lookup" if key.startswith("lookup") else "draft"])
-            alpha = self.LOOKUP_ALPHA if key.startswith("lookup") else _Acceptance.ALPHA
-            a = self.acc[key] = _Acceptance(base, self.draft_max, alpha)
+            is_lookup = key.startswith("lookup")
+            alpha = self.LOOKUP_ALPHA if is_lookup else _Acceptance.ALPHA
+            a = self.acc[key] = _Acceptance(base, self.lookup_k if is_lookup else self.draft_max, alpha)
         return a
 
     def _draft_c(self) -> float:
@@ -370,11 +375,12 @@ class AutoPolicy(Policy):
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         v = self.costs.verify_cost()
         self._since += 1
+        k_model = min(k_cap, self.draft_max)  # k_cap may be lookup's longer cap
         best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
         if self.model is not None:
-            k, s = self._draft_best(v, k_cap, tokens=tokens)
+            k, s = self._draft_best(v, k_model, tokens=tokens)
             if k and s > best[0]:
                 best = (s, "draft", k, None)
         if self.lookup is not None:
@@ -407,10 +413,10 @@ class AutoPolicy(Policy):
         # Stack class 0.916 and 0.963.)
         if (self.model is not None and key == "none"
                 and self._since >= self._probe_every
-                and self._draft_best(v, k_cap, sure=True)[1] > self.PROBE_BAR):
+                and self._draft_best(v, k_model, sure=True)[1] > self.PROBE_BAR):
             self._since = 0
             self._probe_every = min(self.PROBE_MAX, self._probe_every * 2)
-            key, k, s = "draft", min(2, k_cap), 0.0
+            key, k, s = "draft", min(2, k_model), 0.0
             window = self.PROBE_WINDOW
         if lookup_prop is not None and not key.startswith("lookup"):
             self._declined = (lookup_key, lookup_prop.tokens)
@@ -427,7 +433,7 @@ class AutoPolicy(Policy):
         if self._longer and s > 0:
             # Positions past the chosen K are only learnt by drafting them: after a draft that
             # was accepted whole, draft one more (as adaptive-K heuristics do).
-            k = min(k + 1, k_cap)
+            k = min(k + 1, k_model)
         self._asked = k
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
 
@@ -536,7 +542,14 @@ class AutoPolicy(Policy):
             self._probe_every = max(self._probe_every, self.PROBE_MIN)
 
     def _lookup_key(self) -> str:
-        return f"lookup:{min(getattr(self.lookup, 'last_match', 1), 4)}"
+        """Lookup's acceptance is estimated per match-length bucket: the suffix drafter's own
+        buckets, else each n-gram length up to --lookup-max."""
+        bucket = getattr(self.lookup, "bucket", None)
+        if bucket is not None:
+            return f"lookup:{bucket()}"
+        index = getattr(self.lookup, "index", None)
+        n_max = index.n_max if index is not None else 4
+        return f"lookup:{min(getattr(self.lookup, 'last_match', 1), n_max)}"
 
     def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
         self.costs.observe_verify(k + 1, verify_s)

@@ -1,0 +1,60 @@
+"""Record the target's greedy outputs on the bench workloads, for bench/suffix_sim.py.
+
+Greedy decoding is deterministic and every exact mode emits the target's tokens, so what a
+lookup drafter would propose at each step, and how much of it the target accepts, follows from
+the prompt and these tokens alone. Usage:
+.venv/bin/python bench/record_greedy.py --out runs.json -n 128 bench:summarization seq:sql ...
+(``bench:CATEGORY``: every prompt of that builtin category, first turn, each its own request;
+``seq:CATEGORY``: every prompt of that category of data/workloads.jsonl, every turn, in order.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specrun.bench import load_suite
+from specrun.cli import chat_tokens
+from specrun.engine import Engine, SpecConfig
+from specrun.registry import Registry
+from specrun.runtime import LoadOptions, Model
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workloads", nargs="+")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pair", default="smollm2-135m", help="the target of this registry pair")
+    a = ap.parse_args()
+    reg = Registry.load()
+    pair = reg.pair(a.pair)
+    target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=2))
+    engine = Engine(target, None, SpecConfig(mode="none"))
+    out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
+    for key in a.workloads:
+        kind, _, cat = key.partition(":")
+        suite = "builtin" if kind == "bench" else str(HERE.parent / "src/specrun/data/workloads.jsonl")
+        prompts = [p for p in load_suite(suite)[1] if p.category == cat]
+        if a.limit:
+            prompts = prompts[:a.limit]
+        reqs = []
+        for p in prompts:
+            history: list[dict[str, str]] = []
+            for user in (p.turns if kind == "seq" else p.turns[:1]):
+                history.append({"role": "user", "content": user})
+                toks = chat_tokens(target, target.chat_template(), history)
+                r = engine.run(toks, max_tokens=a.n, reuse_cache=False)
+                reqs.append({"id": str(p.question_id), "prompt": toks, "output": r.tokens})
+                history.append({"role": "assistant", "content": r.text})
+                print(key, p.question_id, len(toks), len(r.tokens), flush=True)
+        out[key] = reqs
+        Path(a.out).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Lookup drafters replayed over recorded greedy runs (bench/record_greedy.py), no model needed.
+
+Under greedy decoding a lookup proposal's fate is fixed by the target's tokens: the accepted
+part is its longest prefix that equals what the target produced next. Each recorded request is
+replayed pass by pass through a drafter (the store carries over the requests of a workload, in
+order, as in one process) and priced with a verify-cost line V(n) = 1 + slope * (n - 1) in
+target steps (the model-time figures of bench/modes_compare.py price real passes the same way).
+Reports, per workload and drafter: speed-up over plain decoding, tokens per pass, acceptance.
+``auto`` is AutoPolicy over the drafter alone (no draft model), fed the replayed costs.
+Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1] [--max-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from specrun.lookup import PromptLookup
+from specrun.policy import AutoPolicy, FixedPolicy
+from specrun.sampling import SamplingParams
+from specrun.suffix import SuffixLookup
+
+GREEDY = SamplingParams()
+
+
+def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 0.02) -> dict:
+    rng = np.random.default_rng(0)
+    cost = plain = 0.0
+    gen = passes = drafted = accepted = 0
+    for req in reqs:
+        policy.reset()  # as Engine.reset: a cold start; the lookup store stays
+        tokens = list(req["prompt"])
+        out = req["output"]
+        policy.prefill(tokens)
+        i = 0
+        while i < len(out):
+            k = min(k_cap, max_tokens - i - 1)
+            name, prop = policy.draft(tokens, k, GREEDY, rng, True) if k > 0 else ("none", None)
+            drafts = prop.tokens if prop is not None else []
+            m = 0
+            while m < len(drafts) and i + m < len(out) and drafts[m] == out[i + m]:
+                m += 1
+            new = out[i:i + m + 1]
+            v = 1.0 + slope * len(drafts)
+            cost += v
+            passes += 1
+            drafted += len(drafts)
+            accepted += m
+            policy.observe(name if drafts else "none", len(drafts), m, 0.0, v * t1)
+            policy.observe_tokens(new)
+            tokens += new
+            i += len(new)
+        policy.finish(tokens)
+        plain += len(out)
+        gen += len(out)
+    return {"speedup": plain / cost if cost else 0.0, "tok_per_pass": gen / passes if passes else 0.0,
+            "acceptance": accepted / drafted if drafted else 0.0, "passes": passes}
+
+
+def make(kind: str, draft_max: int = 4):
+    if kind == "ngram":
+        return FixedPolicy(PromptLookup(1, 4)), draft_max
+    if kind == "suffix":
+        d = SuffixLookup()
+        return FixedPolicy(d), max(draft_max, d.k_max)
+    if kind == "auto-ngram":
+        return AutoPolicy(draft_max, PromptLookup(1, 4), None), draft_max
+    if kind == "auto":
+        d = SuffixLookup()
+        return AutoPolicy(draft_max, d, None), max(draft_max, d.k_max)
+    raise SystemExit(f"unknown drafter {kind}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs")
+    ap.add_argument("--slope", type=float, default=0.1)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--kinds", default="ngram,suffix,auto-ngram,auto")
+    a = ap.parse_args()
+    runs = json.loads(Path(a.runs).read_text())
+    kinds = a.kinds.split(",")
+    print("| workload | requests | " + " | ".join(kinds) + " |")
+    print("|---|---:|" + "---:|" * len(kinds))
+    for key, reqs in runs.items():
+        cells = []
+        for kind in kinds:
+            policy, k_cap = make(kind)
+            r = replay(policy, reqs, a.max_tokens, k_cap, a.slope)
+            cells.append(f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f})")
+        print(f"| {key} | {len(reqs)} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
