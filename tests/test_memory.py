@@ -26,14 +26,18 @@ MIB = 1024 * 1024
     "n_ctx,type_k,type_v,flash",
     [(512, "f16", "f16", False), (2048, "q8_0", "f16", False), (1000, "q4_0", "q8_0", True)],
 )
-def test_estimate_matches_llama_cpp_buffers(model_path, name, n_ctx, type_k, type_v, flash):
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_estimate_matches_llama_cpp_buffers(model_path, name, n_ctx, type_k, type_v, flash, role):
+    """Loaded as a target (only row-exact repacking) and as a draft (llama.cpp's own)."""
+    if role == "draft" and n_ctx != 512:
+        pytest.skip("one context suffices for the draft placement")
     path = model_path(name)
-    shape = ModelShape.from_gguf(validate_gguf(path))
+    shape = ModelShape.from_gguf(validate_gguf(path), target=role == "target")
     p = Placement(n_ctx=n_ctx, n_ubatch=256, type_k=type_k, type_v=type_v, flash_attn=flash, n_outputs=65)
     est = estimate(shape, p)
     opts = LoadOptions(n_ctx=n_ctx, n_threads=THREADS, n_batch=256, flash_attn=flash,
                        type_k=memory.CACHE_TYPES[type_k][0], type_v=memory.CACHE_TYPES[type_v][0],
-                       n_outputs_max=65)
+                       n_outputs_max=65, exact_rows=role == "target")
     with Model(path, opts) as m:
         got = m.context_params()
     buf = got["buffers_mib"]
@@ -95,7 +99,8 @@ def test_cpu_only_build_ignores_ngl_with_a_warning():
     s = _shape()
     planned, notes = plan_memory([("m", s, Placement(n_ctx=2048), 99, "--ngl")], BIG_HOST, gpu_free=None)
     assert planned[0].placement.n_gpu_layers == 0 and planned[0].estimate.device == 0
-    assert any("no GPU offload" in x and "--ngl 99" in x for x in notes)
+    # 99 is more layers than the model has: said as llama.cpp's `all`, what it means
+    assert any("no GPU offload" in x and "--ngl all" in x for x in notes)
     # The default (-1, all) says nothing on a CPU build.
     _, notes = plan_memory([("m", s, Placement(n_ctx=2048), -1, "--ngl")], BIG_HOST, gpu_free=None)
     assert notes == []
@@ -135,3 +140,9 @@ def test_cli_refuses_a_context_that_cannot_fit_before_loading(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "not enough memory" in lines[0] and "--ctx" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_target_repacking_is_the_runtimes():
+    from specrun.runtime import ROW_EXACT_REPACK
+
+    assert memory.TARGET_REPACKED_TYPES == ROW_EXACT_REPACK

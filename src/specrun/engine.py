@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import sampling as S
-from .drafters import EMPTY, DraftModel, Proposal
+from .drafters import EMPTY, Drafter, DraftModel, Proposal
 from .errors import SpecrunError, UsageError
 from .policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
 from .runtime import Model
@@ -110,7 +110,7 @@ class Engine:
         self.config.validate()
         self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
         self.mode = self.resolve_mode(self.config.mode)
-        self.lookup = None  # the lookup drafter, when the mode has one
+        self.lookup: Drafter | None = None  # the lookup drafter, when the mode has one
         self.policy = self._make_policy(self.mode)
         self.k_cap = self.config.draft_max  # longest draft any drafter of this engine may propose
         if self.lookup is not None and self.config.lookup_kind == "suffix":

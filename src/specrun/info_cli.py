@@ -135,7 +135,7 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "pair_draft_max": p.pair_draft_max,
         "models": [
-            _model_facts("target" if i == 0 else "draft", r.name, r.path, info, ModelShape.from_gguf(info), pl, opts)
+            _model_facts("target" if i == 0 else "draft", r.name, r.path, info, ModelShape.from_gguf(info, target=i == 0), pl, opts)
             for i, (r, info, pl) in enumerate(zip(resolved, infos, planned, strict=True))
         ],
         "memory": {

@@ -221,7 +221,7 @@ def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> 
         )
         ngl = opts.ngl_draft if is_draft else opts.ngl
         flag = "--ngl-draft" if is_draft else "--ngl"
-        items.append((r.name, memory.ModelShape.from_gguf(info), placement, ngl, flag))
+        items.append((r.name, memory.ModelShape.from_gguf(info, target=not is_draft), placement, ngl, flag))
     return memory.plan_memory(items, memory.host_memory(), gpu_free_memory(), check=opts.mem_check)
 
 

@@ -32,6 +32,9 @@ CACHE_TYPES: dict[str, tuple[int, int, int]] = {
 DEFAULT_CACHE_TYPE = "f16"
 CTX_PAD = 256  # llama.cpp rounds n_ctx up to a multiple of this
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
+# What a target's weights may be repacked as: only the types whose repacked kernels are row-exact
+# (runtime.ROW_EXACT_REPACK, kept in step by tests/test_memory.py).
+TARGET_REPACKED_TYPES = ("Q4_0",)
 GIB = 1024**3
 MIB = 1024**2
 
@@ -87,7 +90,9 @@ class ModelShape:
     repack_bytes: int = 0
 
     @classmethod
-    def from_gguf(cls, info: GGUFInfo) -> ModelShape:
+    def from_gguf(cls, info: GGUFInfo, target: bool = True) -> ModelShape:
+        """``target``: placed as a target is (runtime._weight_buffers: only row-exact repacking);
+        False for a draft, which llama.cpp repacks as it likes."""
         arch = info.architecture or "?"
         a = arch + "."
         n_layer = _int(info.get(a + "block_count"))
@@ -120,7 +125,8 @@ class ModelShape:
             kv_width=tuple(h * (k_len + v_len) for h in heads_kv),
             weight_bytes=data,
             file_bytes=info.file_size,
-            repack_bytes=sum(info.layer_bytes_by_type.get(t, 0) for t in REPACKED_TYPES),
+            repack_bytes=sum(info.layer_bytes_by_type.get(t, 0)
+                             for t in (TARGET_REPACKED_TYPES if target else REPACKED_TYPES)),
         )
 
     def kv_bytes(self, n_ctx: int, type_k: str = DEFAULT_CACHE_TYPE, type_v: str = DEFAULT_CACHE_TYPE,
