@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECRUN = str(Path(sys.executable).with_name("specrun"))
 
 SMOL_TARGET = "smollm2-135m-instruct-f32"
+DEFAULT_TARGET = "smollm2-135m-instruct-f16"  # the default pair's target (an F16, as people run)
 SMOL_DRAFT = "smollm2-135m-instruct-q4_0"
 SMOL_Q4_1 = "smollm2-135m-instruct-q4_1"
 GEMMA_TARGET = "gemma-3-270m-f32"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SPECRUN
+from conftest import DEFAULT_TARGET, SPECRUN
 
 pytestmark = pytest.mark.models
 
@@ -92,7 +92,7 @@ def test_json_matches_the_contract():
     assert obj["finish_reason"] in ("length", "stop", "eos")
     assert obj["sampling"]["seed"] == 42 and obj["sampling"]["temp"] == 0.0
     assert set(obj["target"]) == {"name", "path"} and Path(obj["target"]["path"]).exists()
-    assert obj["target"]["name"] == "smollm2-135m-instruct-f32"
+    assert obj["target"]["name"] == DEFAULT_TARGET
     assert obj["draft"]["name"] == "smollm2-135m-instruct-q4_0"
     assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["drafted"], abs=1e-3)
     assert s["mean_accepted_length"] == pytest.approx(obj["generated_tokens"] / s["target_passes"], abs=1e-3)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SMOL_DRAFT, SMOL_Q4_1, SMOL_TARGET, SPECRUN
+from conftest import DEFAULT_TARGET, SMOL_DRAFT, SMOL_Q4_1, SMOL_TARGET, SPECRUN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer  # noqa: E402
@@ -153,7 +153,7 @@ def test_environment_defaults_and_the_command_line_wins():
     m = info("-m", SMOL_Q4_1, env={"SPECRUN_PAIR": "smollm2-135m"})
     assert [x["name"] for x in m["models"]] == [SMOL_Q4_1]
     m = info(env={"SPECRUN_PAIR": "smollm2-135m"})
-    assert [x["name"] for x in m["models"]] == [SMOL_TARGET, SMOL_DRAFT]
+    assert [x["name"] for x in m["models"]] == [DEFAULT_TARGET, SMOL_DRAFT]
     # both typed: still refused
     p = run([SPECRUN, "info", "--pair", "smollm2-135m", "-m", SMOL_Q4_1])
     assert "not both" in one_line_error(p)

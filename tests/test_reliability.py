@@ -31,7 +31,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SMOL_DRAFT, SMOL_Q4_1, SMOL_TARGET, SPECRUN, THREADS
+from conftest import DEFAULT_TARGET, SMOL_DRAFT, SMOL_Q4_1, SMOL_TARGET, SPECRUN, THREADS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer, make_wheel  # noqa: E402
@@ -433,7 +433,7 @@ def test_signal_during_model_load_is_not_lost(
 ) -> None:
     """Ctrl-C or SIGTERM while llama.cpp loads the models (it logs through a Python callback
     all along) stops the run: 130/143, no traceback, no generated text."""
-    target = model_path(SMOL_TARGET)
+    target = model_path(DEFAULT_TARGET)
     proc = subprocess.Popen(
         [SPECRUN, "generate", "--mode", "draft", "-t", T, "--ctx", "512", "-n", "16",
          "--prompt", "Say hi."],
