@@ -96,3 +96,32 @@ def assert_same_as_target(got, want, label: str) -> None:
     assert got.text == want.text
     assert got.finish_reason == want.finish_reason
     assert got.stats.target_passes <= want.stats.target_passes
+
+
+def assert_rows_exact(model, prompt: list[int], sizes, label: str, n: int = 12) -> None:
+    """What greedy exactness rests on: ``n`` rows decoded after ``prompt`` one at a time, then
+    again in batches of each size, get the same logits bit for bit. Leaves the cache empty."""
+    import numpy as np
+
+    p = len(prompt)
+    model.clear()
+    model.decode(prompt, 0, logits_from=p - 1)
+    alone, toks = [model.logits(-1).copy()], []
+    for i in range(n):
+        toks.append(int(np.argmax(alone[-1])))
+        model.decode([toks[-1]], p + i, logits_from=0)
+        alone.append(model.logits(0).copy())
+    for rows in sizes:
+        model.truncate(p)
+        pos, batched = p, []
+        for start in range(0, n, rows):
+            chunk = toks[start:start + rows]
+            model.decode(chunk, pos, logits_from=0)
+            batched += [model.logits(r).copy() for r in range(len(chunk))]
+            pos += len(chunk)
+        for i, (a, b) in enumerate(zip(alone[1:], batched, strict=True)):
+            assert np.array_equal(a, b), (
+                f"{label}: row {i} in batches of {rows} differs from one-at-a-time decoding by "
+                f"up to {np.max(np.abs(a - b)):.1e}"
+            )
+    model.clear()

@@ -4,7 +4,7 @@ several draft lengths; and the rollback edges, each named."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_same_as_target
+from conftest import assert_rows_exact, assert_same_as_target
 
 from specrun.cli import chat_tokens
 from specrun.drafters import Proposal
@@ -60,7 +60,6 @@ def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
     CMAKE_ARGS=-DGGML_LLAMAFILE=OFF, as `make install` does. The long context (400+ tokens) is
     where llama.cpp's CPU flash attention parts batched rows from single ones: runtime.py turns
     it off on the CPU unless asked for."""
-    import numpy as np
 
     target, _draft = pairs[pair_name]
     prompt = prompt_tokens(target, "prose")
@@ -68,28 +67,7 @@ def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
         filler = " ".join(v for v in PROMPTS.values() if v) + "\n"
         prompt = target.tokenize(filler * 8, add_special=True) + prompt
         assert len(prompt) > 400
-    p = len(prompt)
-    target.clear()
-    target.decode(prompt, 0, logits_from=p - 1)
-    alone, toks = [target.logits(-1).copy()], []
-    for i in range(12):
-        toks.append(int(np.argmax(alone[-1])))
-        target.decode([toks[-1]], p + i, logits_from=0)
-        alone.append(target.logits(0).copy())
-    for rows in (2, 5, 9):
-        target.truncate(p)
-        pos, batched = p, []
-        for start in range(0, 12, rows):
-            chunk = toks[start:start + rows]
-            target.decode(chunk, pos, logits_from=0)
-            batched += [target.logits(r).copy() for r in range(len(chunk))]
-            pos += len(chunk)
-        for i, (a, b) in enumerate(zip(alone[1:], batched, strict=True)):
-            assert np.array_equal(a, b), (
-                f"{pair_name}: row {i} in batches of {rows} differs from one-at-a-time decoding by "
-                f"up to {np.max(np.abs(a - b)):.1e} (llama.cpp built with LLAMAFILE?)"
-            )
-    target.clear()
+    assert_rows_exact(target, prompt, (2, 5, 9), f"{pair_name} (a build that is not row-exact?)")
 
 
 @pytest.mark.parametrize("pair_name", ["smollm2", "gemma3"])

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
-from conftest import SMOL_TARGET, THREADS
+from conftest import SMOL_TARGET, THREADS, assert_rows_exact
 
 from specrun.paths import specrun_home
 from specrun.runtime import LoadOptions, Model, quantize
@@ -49,25 +48,7 @@ def test_batched_rows_equal_single_rows(model_path, fmt):
     m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
     try:
         prompt = m.tokenize(TEXT * 3, add_special=True)  # past a few hundred positions
-        p = len(prompt)
-        m.decode(prompt, 0, logits_from=p - 1)
-        alone, toks = [m.logits(-1).copy()], []
-        for i in range(12):
-            toks.append(int(np.argmax(alone[-1])))
-            m.decode([toks[-1]], p + i, logits_from=0)
-            alone.append(m.logits(0).copy())
-        for rows in (2, 3, 4, 5, 9):
-            m.truncate(p)
-            pos, batched = p, []
-            for start in range(0, 12, rows):
-                chunk = toks[start:start + rows]
-                m.decode(chunk, pos, logits_from=0)
-                batched += [m.logits(r).copy() for r in range(len(chunk))]
-                pos += len(chunk)
-            for i, (a, b) in enumerate(zip(alone[1:], batched, strict=True)):
-                assert np.array_equal(a, b), (
-                    f"{fmt}: row {i} in batches of {rows} differs from one-at-a-time decoding by "
-                    f"up to {np.max(np.abs(a - b)):.1e} (weights in {m.load_report.get('weight_buffers')})"
-                )
+        assert_rows_exact(m, prompt, (2, 3, 4, 5, 9),
+                          f"{fmt} (weights in {m.load_report.get('weight_buffers')})")
     finally:
         m.close()

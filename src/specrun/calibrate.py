@@ -34,27 +34,14 @@ def cache_file() -> Path:
     return specrun_home() / "calibration.json"
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def _key(model: Any, sizes: Sequence[int]) -> str:
-    from .runtime import system_info
+    from .runtime import cpu_name, system_info
 
     st = Path(model.path).stat()
     cp = model.context_params()
     parts = [
         str(_VERSION), str(Path(model.path).resolve()), str(st.st_size), str(st.st_mtime_ns),
-        system_info(), _cpu_name(), str(cp["n_threads"]), str(cp["n_threads_batch"]),
+        system_info(), cpu_name(), str(cp["n_threads"]), str(cp["n_threads_batch"]),
         str(cp.get("gpu_layers", 0)), str(cp.get("flash_attn")), str(cp.get("type_k")),
         str(model.single_rows), ",".join(map(str, sizes)),
     ]

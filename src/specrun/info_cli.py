@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 from dataclasses import replace
 from importlib import metadata
@@ -29,17 +28,6 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build_info() -> dict[str, Any]:
@@ -66,11 +54,11 @@ def build_info() -> dict[str, Any]:
 
 def machine_info() -> dict[str, Any]:
     from .memory import host_memory
-    from .runtime import physical_cores
+    from .runtime import cpu_name, physical_cores
 
     mem = host_memory()
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(),
         "ram_total": mem.total,

@@ -155,6 +155,20 @@ def physical_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
