@@ -1,7 +1,8 @@
 #!/bin/sh
 # Build and install the pinned llama-cpp-python from its source release with specrun's patches to
 # the llama.cpp it vendors (patches/*.patch: row-exact batched kernels, README "Install it your
-# way"), using $CMAKE_ARGS. Usage: scripts/build-llama.sh PYTHON
+# way"), using $CMAKE_ARGS (-DGGML_LLAMAFILE=OFF added unless it names LLAMAFILE).
+# Usage: [CMAKE_ARGS=...] scripts/build-llama.sh PYTHON
 set -eu
 PY=${1:?usage: scripts/build-llama.sh PYTHON}
 PIN=0.3.36
@@ -14,5 +15,11 @@ for p in "$ROOT"/patches/llama-cpp-python-$PIN-*.patch; do
   echo "applying $(basename "$p")"
   (cd "$tmp/llama_cpp_python-$PIN" && git apply -p1 "$p")
 done
-CMAKE_ARGS="${CMAKE_ARGS:-}" "$PY" -m pip install --quiet --force-reinstall --no-cache-dir --no-deps \
+# Without llamafile's sgemm every batch size runs the same kernels (README): unless told otherwise.
+case "${CMAKE_ARGS:-}" in
+  *GGML_LLAMAFILE*) ;;
+  *) CMAKE_ARGS="-DGGML_LLAMAFILE=OFF ${CMAKE_ARGS:-}" ;;
+esac
+echo "CMAKE_ARGS=$CMAKE_ARGS"
+CMAKE_ARGS="$CMAKE_ARGS" "$PY" -m pip install --quiet --force-reinstall --no-cache-dir --no-deps \
   "$tmp/llama_cpp_python-$PIN"
