@@ -15,15 +15,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .paths import specrun_home
+from .paths import specrun_home, write_json_atomic
 
 SIZES = (1, 2, 3, 5, 9)
 REPS = 3
@@ -81,17 +79,8 @@ def _load_cache() -> dict[str, Any]:
 
 
 def _save_cache(data: dict[str, Any]) -> None:
-    path = cache_file()
     with contextlib.suppress(OSError):  # a read-only home only costs the next run a measurement
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(data, fh)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        write_json_atomic(cache_file(), data)
 
 
 def pass_times(model: Any, sizes: Sequence[int] = SIZES, refresh: bool = False) -> dict[int, float]:

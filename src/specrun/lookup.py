@@ -13,8 +13,6 @@ n-gram gathered across runs, as llama.cpp's lookup tool keeps them, saved atomic
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import numpy as np
 from . import sampling as S
 from .drafters import EMPTY, Proposal
 from .errors import SpecrunError
+from .paths import write_json_atomic
 
 
 class NgramIndex:
@@ -141,20 +140,7 @@ class NgramCache:
             "n": self.n,
             "ngrams": {" ".join(map(str, k)): {str(t): c for t, c in v.items()} for k, v in items},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, separators=(",", ":"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_json_atomic(self.path, data)
 
 
 class PromptLookup:

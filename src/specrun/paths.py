@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def cache_home() -> Path:
@@ -38,3 +41,22 @@ def state_dir() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
     return base / "specrun"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename: a crash midway
+    leaves the previous file whole. OSError goes to the caller."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, separators=(",", ":"))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

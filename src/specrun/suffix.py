@@ -21,8 +21,6 @@ tokens. Proposals are deterministic (``dists=None``), as prompt lookup's.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -32,6 +30,7 @@ import numpy as np
 from . import sampling as S
 from .drafters import EMPTY, Proposal
 from .errors import SpecrunError
+from .paths import write_json_atomic
 
 SEP = -1  # between stored sequences: never fed to a matcher, so never matched, ends a walk
 # The occurrence count of a new end position goes to the new state and its suffix-link
@@ -235,20 +234,7 @@ class LookupFile:
         """Write atomically: a crash mid-save leaves the previous file intact."""
         self.vocabs[self.vocab] = [list(s) for s in seqs]
         data = {"format": self.FORMAT, "version": self.VERSION, "vocabs": self.vocabs}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, separators=(",", ":"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_json_atomic(self.path, data)
 
 
 def _migrate_v1(ngrams: dict[str, dict[str, int]]) -> list[list[int]]:
