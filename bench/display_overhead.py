@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from specrun.cli import chat_tokens
-from specrun.display import LiveDisplay, PlainStream
-from specrun.engine import Engine, Result, SpecConfig, Step
-from specrun.registry import Registry
-from specrun.runtime import LoadOptions, Model, physical_cores
-from specrun.sampling import SamplingParams
+from specrun.chat_template import encode_chat
+from specrun.cli.display import LiveDisplay, PlainStream
+from specrun.llama.backend import physical_cores
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.registry import Registry
+from specrun.spec.engine import Engine, Result, SpecConfig, Step
+from specrun.spec.sampling import SamplingParams
 
 TARGET = "smollm2-135m-instruct-f32"
 DRAFT = "smollm2-135m-instruct-q4_0"
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Model(reg.ensure(TARGET), LoadOptions(n_ctx=1024, n_threads=threads))
     draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=1024, n_threads=threads, amx_rows=True))
     engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=4))
-    prompt = chat_tokens(target, target.chat_template() or "", [{"role": "user", "content": PROMPT}])
+    prompt = encode_chat(target, [{"role": "user", "content": PROMPT}])
     devnull = open(os.devnull, "w")  # noqa: SIM115
     sinks = _sinks(devnull, target.piece)
     names = list(sinks)

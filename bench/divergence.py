@@ -28,10 +28,10 @@ def child(pair: str, n: int, exact: bool) -> dict:
     from modes_compare import PROMPTS
 
     from specrun.bench import load_suite
-    from specrun.cli import chat_tokens
-    from specrun.engine import Engine, SpecConfig
-    from specrun.registry import Registry
-    from specrun.runtime import LoadOptions, Model
+    from specrun.chat_template import encode_chat
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.models.registry import Registry
+    from specrun.spec.engine import Engine, SpecConfig
 
     reg = Registry.load()
     p = reg.pair(pair)
@@ -45,7 +45,7 @@ def child(pair: str, n: int, exact: bool) -> dict:
             for m in ("lookup", "draft")}
     out: dict = {"prompts": len(texts), "diverged": {m: [] for m in spec}}
     for key, text in texts.items():
-        toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
+        toks = encode_chat(target, [{"role": "user", "content": text}])
         want = alone.run(toks, max_tokens=n, reuse_cache=False).tokens
         for m, eng in spec.items():
             got = eng.run(toks, max_tokens=n, reuse_cache=False).tokens

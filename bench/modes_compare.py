@@ -32,11 +32,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from specrun.bench import load_suite
-from specrun.cli import chat_tokens
-from specrun.engine import Engine, SpecConfig
-from specrun.loader import calibrate_auto
-from specrun.registry import Registry
-from specrun.runtime import LoadOptions, Model
+from specrun.chat_template import encode_chat
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.registry import Registry
+from specrun.session import calibrate_auto
+from specrun.spec.engine import Engine, SpecConfig
 
 HERE = Path(__file__).resolve().parent
 CODE = (HERE.parent / "src" / "specrun" / "textstream.py").read_text()[:1400]
@@ -128,7 +128,7 @@ def run_sequence(log: DecodeLog, engine: Engine, target: Model, prompts: list, n
         history: list[dict[str, str]] = []
         for user in p.turns:
             history.append({"role": "user", "content": user})
-            toks = chat_tokens(target, target.chat_template(), history)
+            toks = encode_chat(target, history)
             r, cs = log.run(engine, toks, n)
             results.append(r)
             calls.extend(cs)
@@ -233,10 +233,10 @@ def main() -> None:
                 seq = seq[:a.limit]
             if not seq:
                 raise SystemExit(f"no prompts of category {key[4:]!r} in {a.suite}")
-            toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": seq[0].turns[0]}])
+            toks = encode_chat(target, [{"role": "user", "content": seq[0].turns[0]}])
         else:
             text = prompt_text(key)
-            toks = chat_tokens(target, target.chat_template(), [{"role": "user", "content": text}])
+            toks = encode_chat(target, [{"role": "user", "content": text}])
         engines[CONFIGS[0]].run(toks, max_tokens=16, reuse_cache=False)  # warm-up
         runs: dict[tuple, list] = {c: [] for c in CONFIGS}
         calls: dict[tuple, list] = {c: [] for c in CONFIGS}

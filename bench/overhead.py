@@ -37,11 +37,12 @@ def main() -> int:
 
     import llama_cpp
 
-    from specrun.cli import chat_tokens
-    from specrun.engine import Engine, SpecConfig
-    from specrun.registry import Registry
-    from specrun.runtime import LoadOptions, Model, physical_cores
-    from specrun.sampling import SamplingParams
+    from specrun.chat_template import encode_chat
+    from specrun.llama.backend import physical_cores
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.models.registry import Registry
+    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.spec.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()
@@ -51,7 +52,7 @@ def main() -> int:
     target, draft = Model(tpath, lo), Model(dpath, dataclasses.replace(lo, amx_rows=True))
     text = Path(args.prompt_file).read_text()
     tmpl = target.chat_template()
-    tokens = chat_tokens(target, tmpl, [{"role": "user", "content": text}]) if tmpl else target.tokenize(text)
+    tokens = encode_chat(target, [{"role": "user", "content": text}]) if tmpl else target.tokenize(text)
     greedy = SamplingParams(temp=0.0, seed=0)
 
     none = Engine(target, None, SpecConfig(mode="none"))

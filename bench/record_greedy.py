@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 
 from specrun.bench import load_suite
-from specrun.cli import chat_tokens
-from specrun.engine import Engine, SpecConfig
-from specrun.registry import Registry
-from specrun.runtime import LoadOptions, Model
+from specrun.chat_template import encode_chat
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.registry import Registry
+from specrun.spec.engine import Engine, SpecConfig
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,7 +47,7 @@ def main() -> None:
             history: list[dict[str, str]] = []
             for user in (p.turns if kind == "seq" else p.turns[:1]):
                 history.append({"role": "user", "content": user})
-                toks = chat_tokens(target, target.chat_template(), history)
+                toks = encode_chat(target, history)
                 r = engine.run(toks, max_tokens=a.n, reuse_cache=False)
                 reqs.append({"id": str(p.question_id), "prompt": toks, "output": r.tokens})
                 history.append({"role": "assistant", "content": r.text})

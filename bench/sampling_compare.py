@@ -19,11 +19,12 @@ import sys
 import time
 from dataclasses import replace
 
-from specrun.cli import chat_tokens
-from specrun.engine import Engine, SpecConfig
-from specrun.registry import Registry
-from specrun.runtime import LoadOptions, Model, physical_cores
-from specrun.sampling import SamplingParams
+from specrun.chat_template import encode_chat
+from specrun.llama.backend import physical_cores
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.registry import Registry
+from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec.sampling import SamplingParams
 
 TARGET = "smollm2-135m-instruct-f32"
 DRAFT = "smollm2-135m-instruct-q4_0"
@@ -56,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = {
         name: Engine(target, draft if cfg.mode == "draft" else None, cfg) for name, cfg in CONFIGS.items()
     }
-    template = target.chat_template()
-    prompts = {k: chat_tokens(target, template, [{"role": "user", "content": v}]) for k, v in PROMPTS.items()}
+    prompts = {k: encode_chat(target, [{"role": "user", "content": v}]) for k, v in PROMPTS.items()}
 
     # Warm-up: first decodes pay for allocations and page faults.
     for eng in engines.values():

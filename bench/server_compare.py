@@ -107,12 +107,13 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
-    from specrun.cli import chat_tokens
-    from specrun.engine import Engine, SpecConfig
-    from specrun.loader import calibrate_auto
-    from specrun.registry import Registry
-    from specrun.runtime import LoadOptions, Model, physical_cores
-    from specrun.sampling import SamplingParams
+    from specrun.chat_template import encode_chat
+    from specrun.llama.backend import physical_cores
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.models.registry import Registry
+    from specrun.session import calibrate_auto
+    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.spec.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()
@@ -134,7 +135,7 @@ def main() -> int:
             calibrate_auto(eng)
         engines[f"specrun {cfg}"] = eng
     greedy = SamplingParams(temp=0.0, seed=0)
-    toks = {p: chat_tokens(target, target.chat_template(), [{"role": "user", "content": PROMPTS[p]}])
+    toks = {p: encode_chat(target, [{"role": "user", "content": PROMPTS[p]}])
             for p in prompts}
     for _ in range(args.repeats):
         for label, eng in engines.items():

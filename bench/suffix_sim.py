@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specrun.lookup import PromptLookup
-from specrun.policy import AutoPolicy, FixedPolicy
-from specrun.sampling import SamplingParams
-from specrun.suffix import SuffixLookup
+from specrun.spec.lookup import PromptLookup
+from specrun.spec.policy import AutoPolicy, FixedPolicy
+from specrun.spec.sampling import SamplingParams
+from specrun.spec.suffix import SuffixLookup
 
 GREEDY = SamplingParams()
 

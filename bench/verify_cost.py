@@ -40,9 +40,9 @@ FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K")
 
 def derived(fmt: str, base: str) -> Path:
     """The registry model ``base`` re-quantized to ``fmt`` (made once, then reused)."""
+    from specrun.llama.quantize import quantize
+    from specrun.models.registry import Registry
     from specrun.paths import specrun_home
-    from specrun.registry import Registry
-    from specrun.runtime import quantize
 
     reg = Registry.load()
     named = f"{base.rsplit('-', 1)[0]}-{fmt.lower()}"  # the registry's own, where it has one
@@ -64,7 +64,8 @@ def measure(path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...
     llama.cpp places them by default (every repacked type, the tiled K-quant matmul)."""
     if not exact:
         os.environ["GGML_CPU_TILED_MM"] = "1"
-    from specrun.runtime import LoadOptions, Model, system_info
+    from specrun.llama.backend import system_info
+    from specrun.llama.model import LoadOptions, Model
 
     m = Model(path, LoadOptions(n_ctx=pos + 64, n_threads=threads, n_batch=512, n_outputs_max=16,
                                 exact_rows=exact))
@@ -134,7 +135,7 @@ def main() -> int:
     ap.add_argument("--llama-defaults", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    from specrun.runtime import physical_cores
+    from specrun.llama.backend import physical_cores
 
     threads = args.threads or physical_cores()
     if args.child:  # one build's measurements, as JSON on stdout

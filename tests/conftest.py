@@ -35,7 +35,7 @@ THREADS = int(os.environ.get("SPECRUN_TEST_THREADS", "2"))
 
 @pytest.fixture(scope="session")
 def registry():
-    from specrun.registry import Registry
+    from specrun.models.registry import Registry
 
     return Registry.load()
 
@@ -51,7 +51,7 @@ def model_path(registry):
 
 
 def _load(path: Path, n_ctx: int = 2048, draft: bool = False):
-    from specrun.runtime import LoadOptions, Model
+    from specrun.llama.model import LoadOptions, Model
 
     # Drafts as the command line loads them (on a CPU with AMX: one row per decode).
     return Model(path, LoadOptions(n_ctx=n_ctx, n_threads=THREADS, amx_rows=draft))

@@ -64,7 +64,7 @@ def test_split_decode_with_only_the_last_row(smol_draft, monkeypatch):
 
 
 def _has_amx() -> bool:
-    from specrun.runtime import cpu_extra_buffer_types
+    from specrun.llama.buffers import cpu_extra_buffer_types
 
     return "AMX" in cpu_extra_buffer_types()
 
@@ -75,7 +75,7 @@ def test_amx_draft_decodes_batches_without_crashing(model_path):
     llama.cpp would kill the process, hence the subprocess); the target keeps weights out."""
     code = textwrap.dedent(f"""
         import json
-        from specrun.runtime import LoadOptions, Model
+        from specrun.llama.model import LoadOptions, Model
         d = Model({str(model_path(SMOL_DRAFT))!r}, LoadOptions(n_ctx=256, n_threads={THREADS}, amx_rows=True))
         t = Model({str(model_path(SMOL_TARGET))!r}, LoadOptions(n_ctx=256, n_threads={THREADS}))
         toks = d.tokenize("one two three four five six seven", add_special=True)

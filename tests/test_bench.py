@@ -7,10 +7,10 @@ import json
 import pytest
 
 from specrun import bench as B
-from specrun.cli import main
-from specrun.costmodel import predicted_speedup
+from specrun.cli.main import main
 from specrun.errors import UsageError
-from specrun.stats import SpecStats
+from specrun.spec.costmodel import predicted_speedup
+from specrun.spec.stats import SpecStats
 
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
 

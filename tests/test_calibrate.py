@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_lookup_policy import FakeDraftModel, FakeLookup, drive
 
-from specrun import calibrate
-from specrun.policy import AutoPolicy
-from specrun.sampling import SamplingParams
+from specrun.spec import calibrate
+from specrun.spec.policy import AutoPolicy
+from specrun.spec.sampling import SamplingParams
 
 
 def first_choices(policy, n, accept_rate, t1, slope, draft_step_s=0.004, seed=0):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from specrun.chat import ChatError, ChatSession, common_prefix, handle_command, read_message
-from specrun.engine import Result, SpecConfig, Step
-from specrun.sampling import SamplingParams
-from specrun.stats import SpecStats
+from specrun.spec.engine import Result, SpecConfig, Step
+from specrun.spec.sampling import SamplingParams
+from specrun.spec.stats import SpecStats
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -252,7 +252,7 @@ def test_commands(tmp_path):
 
 @pytest.mark.models
 def test_new_turn_prefills_only_its_tokens_in_both_models(smol_target, smol_draft):
-    from specrun.engine import Engine
+    from specrun.spec.engine import Engine
 
     engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4))
     engine.reset()  # the session-scoped models may hold another test's tokens

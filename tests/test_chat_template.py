@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specrun.chat_template import TemplateError, render
+from specrun.llama.template import TemplateError, render
 
 pytest.importorskip("llama_cpp")
 

@@ -97,7 +97,7 @@ def test_spec_flags_are_aliases_and_spec_type_chooses_the_mode():
      ("ngram-mod,draft-simple", "hybrid"), ("none,ngram-simple", "lookup")],
 )
 def test_spec_type_maps_onto_mode(spec_type, mode):
-    from specrun.options import mode_for_spec_type
+    from specrun.cli.options import mode_for_spec_type
 
     assert mode_for_spec_type(spec_type) == mode
 
@@ -126,7 +126,7 @@ def test_refused_by_name_in_one_line(args, needle):
 
 
 def test_ngl_auto_and_all_as_llama_cpp_takes_them():
-    from specrun.options import NGL_ALL, parse_ngl
+    from specrun.cli.options import NGL_ALL, parse_ngl
 
     assert [parse_ngl(v, "--ngl") for v in ("auto", "ALL", "0", "12", -1)] == [-1, NGL_ALL, 0, 12, -1]
     for value in ("auto", "all", "-1", "0"):
@@ -135,7 +135,7 @@ def test_ngl_auto_and_all_as_llama_cpp_takes_them():
     m = info("-m", SMOL_Q4_1, "--n-gpu-layers", "all", "--ctx-size", "512")  # llama.cpp's long names
     assert m["models"][0]["placement"]["n_ctx"] == 512
     notes = info("-m", SMOL_Q4_1, "--ngl", "all")["memory"]["notes"]
-    from specrun.runtime import supports_gpu_offload
+    from specrun.llama.backend import supports_gpu_offload
 
     if not supports_gpu_offload():
         assert any("--ngl all is ignored" in n for n in notes), notes

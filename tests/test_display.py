@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from specrun.display import (
+from specrun.cli.display import (
     LiveDisplay,
     PlainStream,
     TokenSpans,
@@ -19,8 +19,8 @@ from specrun.display import (
     render_summary,
     summary_line,
 )
-from specrun.engine import Result, Step
-from specrun.stats import SpecStats
+from specrun.spec.engine import Result, Step
+from specrun.spec.stats import SpecStats
 
 GREEN, YELLOW = "\x1b[32m", "\x1b[33m"
 SGR = re.compile(r"\x1b\[([0-9;]*)m")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrun.drafters import DraftModel
-from specrun.sampling import SamplingParams
+from specrun.spec.drafters import DraftModel
+from specrun.spec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temp=0.0, seed=0)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from conftest import assert_rows_exact, assert_same_as_target
 
-from specrun.cli import chat_tokens
-from specrun.drafters import Proposal
-from specrun.engine import Engine, Result, SpecConfig
-from specrun.policy import FixedPolicy
-from specrun.sampling import SamplingParams
+from specrun.chat_template import encode_chat
+from specrun.spec.drafters import Proposal
+from specrun.spec.engine import Engine, Result, SpecConfig
+from specrun.spec.policy import FixedPolicy
+from specrun.spec.sampling import SamplingParams
 
 pytestmark = pytest.mark.models
 
@@ -34,7 +34,7 @@ def prompt_tokens(model, key: str) -> list[int]:
     if key == "chat":
         template = model.chat_template()
         if template:
-            return chat_tokens(model, template, [{"role": "user", "content": CHAT_QUESTION}])
+            return encode_chat(model, [{"role": "user", "content": CHAT_QUESTION}])
         return model.tokenize(f"Question: {CHAT_QUESTION}\nAnswer:", add_special=True)
     return model.tokenize(PROMPTS[key], add_special=True)
 
@@ -99,7 +99,7 @@ def self_draft(model_path):
     """The target's own weights as the draft: every greedy draft token is accepted."""
     from conftest import SMOL_TARGET, THREADS
 
-    from specrun.runtime import LoadOptions, Model
+    from specrun.llama.model import LoadOptions, Model
 
     m = Model(model_path(SMOL_TARGET), LoadOptions(n_ctx=2048, n_threads=THREADS))
     yield m
@@ -210,7 +210,7 @@ def test_max_tokens_mid_draft(smol_target, self_draft):
 def test_context_end(model_path, pair_name):
     from conftest import GEMMA_DRAFT, GEMMA_TARGET, SMOL_DRAFT, SMOL_TARGET, THREADS
 
-    from specrun.runtime import LoadOptions, Model
+    from specrun.llama.model import LoadOptions, Model
 
     names = {"smollm2": (SMOL_TARGET, SMOL_DRAFT), "gemma3": (GEMMA_TARGET, GEMMA_DRAFT)}[pair_name]
     n_ctx = 96

@@ -1,4 +1,4 @@
-"""Tests for specrun.gguf, the pure-Python GGUF pre-validator.
+"""Tests for specrun.llama.gguf, the pure-Python GGUF pre-validator.
 
 Synthetic files are built by the small writer below; the real-model tests need SmolLM2-135M
 (see the `real_gguf` fixture) and skip without it. Fuzzing is derandomized; set
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specrun.errors import ModelError
-from specrun.gguf import GGML_TYPES, GGUFInfo, OmittedValue, validate_gguf
+from specrun.llama.gguf import GGML_TYPES, GGUFInfo, OmittedValue, validate_gguf
 
 # --------------------------------------------------------------------------------------------------
 # A tiny GGUF writer (independent of the module under test)

@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from specrun.gguf import _REMOVED_GGML_TYPES, GGML_TYPES
+from specrun.llama.gguf import _REMOVED_GGML_TYPES, GGML_TYPES
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -47,7 +47,7 @@ def test_a_q2_0_tensor_is_accepted(tmp_path: pathlib.Path) -> None:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from test_gguf import Tensor, build, write
 
-    from specrun.gguf import validate_gguf
+    from specrun.llama.gguf import validate_gguf
 
     _name, blck, size = GGML_TYPES[42]
     nbytes = 128 * 2 // blck * size  # two rows of two 64-element blocks

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specrun import paths
-from specrun.registry import hf_cache_dir, parse_hub_spec, pick_gguf
+from specrun.models.registry import hf_cache_dir, parse_hub_spec, pick_gguf
 
 
 def test_bare_repo_prefers_q4_k_m_then_q8_0_then_the_first_model_file() -> None:
@@ -104,8 +104,8 @@ def test_models_rm_uses_the_hub_s_delete_strategy(
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hub_server import HubServer
 
-    from specrun.cli import main
-    from specrun.registry import Registry
+    from specrun.cli.main import main
+    from specrun.models.registry import Registry
 
     for var in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "SPECRUN_MODELS"):
         monkeypatch.delenv(var, raising=False)
@@ -168,7 +168,7 @@ def test_the_huggingface_hub_floor_has_what_the_code_calls() -> None:
 
 def test_readme_tables_name_every_flag() -> None:
     """Each shared option, and each llama.cpp spelling accepted for it, is in README's tables."""
-    from specrun.options import ALIASES, MODEL_OPTIONS, SAMPLING_OPTIONS
+    from specrun.cli.options import ALIASES, MODEL_OPTIONS, SAMPLING_OPTIONS
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     tables = "\n".join(line for line in readme.splitlines() if line.startswith("|"))

@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from specrun import costmodel
-from specrun.drafters import Proposal
-from specrun.lookup import NgramCache, NgramIndex, PromptLookup
-from specrun.policy import AutoPolicy
-from specrun.sampling import SamplingParams
+from specrun.spec import costmodel
+from specrun.spec.drafters import Proposal
+from specrun.spec.lookup import NgramCache, NgramIndex, PromptLookup
+from specrun.spec.policy import AutoPolicy
+from specrun.spec.sampling import SamplingParams
 
 
 # -- NgramIndex --------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_lookup_is_scored_while_the_draft_model_pays_and_takes_over():
 
 
 def test_one_early_miss_does_not_zero_the_estimate():
-    from specrun.policy import _Acceptance
+    from specrun.spec.policy import _Acceptance
 
     acc = _Acceptance(0.6, 4)
     acc.update(2, 0)
@@ -263,7 +263,7 @@ def test_one_early_miss_does_not_zero_the_estimate():
 def test_positions_after_the_first_rejection_are_not_counted():
     """Acceptance is estimated per position *given* the earlier positions were accepted: a
     draft rejected at position 1 says nothing about positions 2 and 3."""
-    from specrun.policy import _Acceptance
+    from specrun.spec.policy import _Acceptance
 
     acc = _Acceptance(0.6, 4)
     acc.update(4, 1)
@@ -277,7 +277,7 @@ def test_deep_positions_borrow_from_the_pool():
     """A few fully accepted short drafts make the positions they never reached likely too (one
     acceptance process): per-position estimates from a geometric prior each had to be reached
     several times before auto drafted past K = 2 on a draft accepted 98% of the time."""
-    from specrun.policy import _Acceptance
+    from specrun.spec.policy import _Acceptance
 
     acc = _Acceptance(0.6, 8)
     for k in (1, 2, 3, 4):
@@ -290,7 +290,7 @@ def test_deep_positions_borrow_from_the_pool():
 
 
 def test_acceptance_tracks_a_change_of_text():
-    from specrun.policy import _Acceptance
+    from specrun.spec.policy import _Acceptance
 
     acc = _Acceptance(0.6, 4)
     for _ in range(40):

@@ -12,11 +12,11 @@ import subprocess
 import pytest
 from conftest import GEMMA_DRAFT, GEMMA_TARGET, SMOL_DRAFT, SMOL_TARGET, SPECRUN, THREADS
 
-from specrun import memory
 from specrun.errors import ModelError
-from specrun.gguf import validate_gguf
-from specrun.memory import HostMemory, ModelShape, Placement, estimate, plan_memory
-from specrun.runtime import LoadOptions, Model
+from specrun.llama.gguf import validate_gguf
+from specrun.llama.model import LoadOptions, Model
+from specrun.models import memory
+from specrun.models.memory import HostMemory, ModelShape, Placement, estimate, plan_memory
 
 MIB = 1024 * 1024
 
@@ -143,6 +143,6 @@ def test_cli_refuses_a_context_that_cannot_fit_before_loading(tmp_path):
 
 
 def test_target_repacking_is_the_runtimes():
-    from specrun.runtime import ROW_EXACT_REPACK
+    from specrun.llama.buffers import ROW_EXACT_REPACK
 
     assert memory.TARGET_REPACKED_TYPES == ROW_EXACT_REPACK

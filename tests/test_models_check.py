@@ -24,9 +24,9 @@ import hub_server  # noqa: E402
 from hub_server import HubServer  # noqa: E402
 from test_registry import _pull_in_subprocess, _wait_for, env, sha, user_registry  # noqa: E402
 
-from specrun.cli import main  # noqa: E402
+from specrun.cli.main import main  # noqa: E402
 from specrun.errors import PullError, RegistryError  # noqa: E402
-from specrun.registry import (  # noqa: E402
+from specrun.models.registry import (  # noqa: E402
     Registry,
     ResolvedModel,
     edit_registry_text,
@@ -144,7 +144,7 @@ def test_update_user_registry_validates_locks_and_replaces(
     code = textwrap.dedent(
         """
         import sys
-        from specrun.registry import update_user_registry
+        from specrun.models.registry import update_user_registry
         n = sys.argv[1]
         update_user_registry([("pairs", f"p{n}", {"target": "mine-target", "draft": "mine-target",
                                                    "draft_max": int(n) + 1})])
@@ -168,7 +168,7 @@ def test_update_user_registry_validates_locks_and_replaces(
 
 
 def test_save_pair_adds_models_for_files(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specrun.models_cli import save_pair
+    from specrun.cli.models import save_pair
 
     f = user_registry(env, monkeypatch, "# mine\n")
     gguf = env / "d.gguf"
@@ -434,9 +434,9 @@ def test_check_smollm2_with_gemma_names_every_rule(
 def test_draft_make_registers_a_draft_that_speculates_exactly(
     user_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specrun.engine import Engine, SpecConfig
+    from specrun.llama.model import LoadOptions, Model
     from specrun.probe import compatibility, encode
-    from specrun.runtime import LoadOptions, Model
+    from specrun.spec.engine import Engine, SpecConfig
 
     out_file = tmp_path / "drafts" / "smol-q4_0.gguf"
     argv = [
@@ -483,7 +483,7 @@ def test_draft_make_registers_a_draft_that_speculates_exactly(
 
 @pytest.mark.models
 def test_draft_make_sweep_is_one_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from specrun.draft_cli import sweep_table
+    from specrun.cli.draft import sweep_table
 
     argv = [
         "draft",
@@ -529,8 +529,8 @@ def test_probe_table_and_best_pick_without_models() -> None:
     """The human output of a probe, and how `draft make --sweep` ranks its drafts."""
     from rich.console import Console
 
-    from specrun.draft_cli import pick_best
-    from specrun.models_cli import print_check
+    from specrun.cli.draft import pick_best
+    from specrun.cli.models import print_check
 
     def probe(k: int, measured: float) -> dict[str, object]:
         return {

@@ -25,10 +25,10 @@ from conftest import assert_same_as_target
 from test_engine_exact import GREEDY, steps_of  # tests/ is on sys.path (rootdir conftest)
 from test_sampling import gof
 
-from specrun import sampling as S
-from specrun.engine import Engine, SpecConfig
-from specrun.lookup import PromptLookup
-from specrun.sampling import SamplingParams
+from specrun.spec import sampling as S
+from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec.lookup import PromptLookup
+from specrun.spec.sampling import SamplingParams
 
 pytestmark = pytest.mark.models
 
@@ -386,9 +386,9 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
     count there), nor at a step whose draft attempt proposed nothing (that stop is counted
     already: counting the target's doubt at the same position too inflated the stop rate)."""
     steps: list[dict] = []
-    from specrun.cli import chat_tokens
+    from specrun.chat_template import encode_chat
 
-    code = chat_tokens(smol_target, smol_target.chat_template(), [{
+    code = encode_chat(smol_target, [{
         "role": "user", "content": "Write a Python function `merge_sorted(a, b)` that merges two "
                                    "sorted lists into one sorted list, with a docstring."}])
     for toks in (smol_target.tokenize(PROMPTS["code-edit"], add_special=True),

@@ -13,10 +13,10 @@ import subprocess
 import pytest
 from conftest import SMOL_TARGET, SPECRUN, THREADS
 
-from specrun.loader import ModelOptions
-from specrun.memory import CACHE_TYPES
-from specrun.options import MODEL_OPTIONS, SAMPLING_OPTIONS
-from specrun.runtime import LoadOptions, Model
+from specrun.cli.options import MODEL_OPTIONS, SAMPLING_OPTIONS
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.memory import CACHE_TYPES
+from specrun.session import ModelOptions
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -52,7 +52,7 @@ def test_model_options_become_llama_params_per_model():
     # Defaults: the draft follows the target; flash attention auto is off for a model on the CPU
     # (row-exact batches), llama.cpp's choice (None) for one offloaded to a GPU, on for a
     # quantized V cache.
-    from specrun.runtime import supports_gpu_offload
+    from specrun.llama.backend import supports_gpu_offload
 
     o = ModelOptions(ctx=2048, threads=3)
     d = o.load_options(True)

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer, make_wheel  # noqa: E402
 
 from specrun import paths  # noqa: E402
-from specrun.cli import main  # noqa: E402
+from specrun.cli.main import main  # noqa: E402
 from specrun.errors import ModelError, PullError, RegistryError  # noqa: E402
-from specrun.registry import Registry, pick_gguf  # noqa: E402
+from specrun.models.registry import Registry, pick_gguf  # noqa: E402
 
 # Where `make install` leaves the real models (read before any test changes SPECRUN_HOME).
 REAL_MODELS = paths.models_dir()
@@ -520,7 +520,7 @@ def test_hf_resolve_pull_and_offline(env: Path, monkeypatch: pytest.MonkeyPatch)
 def _pull_in_subprocess(name: str, **popen: object) -> subprocess.Popen[str]:
     code = (
         "import sys\n"
-        "from specrun.registry import Registry\n"
+        "from specrun.models.registry import Registry\n"
         "def show(d, n, t):\n"
         "    print('progress:', d, flush=True, file=sys.stderr)\n"
         f"print(Registry.load().pull({name!r}, show))\n"

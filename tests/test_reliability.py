@@ -391,7 +391,7 @@ file = "slow-Q4_K_M.gguf"
         if k.startswith(("SPECRUN_", "HF_", "XDG_")):
             monkeypatch.setenv(k, v)
     from specrun.errors import ModelError
-    from specrun.registry import Registry
+    from specrun.models.registry import Registry
 
     reg = Registry.load()
     assert not reg.is_present("slow")

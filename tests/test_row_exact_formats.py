@@ -12,8 +12,9 @@ import os
 import pytest
 from conftest import SMOL_TARGET, THREADS, assert_rows_exact
 
+from specrun.llama.model import LoadOptions, Model
+from specrun.llama.quantize import quantize
 from specrun.paths import specrun_home
-from specrun.runtime import LoadOptions, Model, quantize
 
 pytestmark = pytest.mark.models
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from specrun import sampling as S
-from specrun.sampling import (
+from specrun.spec import sampling as S
+from specrun.spec.sampling import (
     Dist,
     SamplingParams,
     accept_prob,

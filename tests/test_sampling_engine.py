@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 from test_sampling import chi2_sf  # tests/ is on sys.path (rootdir conftest, prepend import mode)
 
-from specrun import sampling as S
-from specrun.cli import chat_tokens
-from specrun.engine import Engine, SpecConfig
-from specrun.sampling import SamplingParams
+from specrun.chat_template import encode_chat
+from specrun.spec import sampling as S
+from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ BASE_SEEDS = range(10_000, 10_000 + N_RUNS)
 
 
 def chat(model, text: str) -> list[int]:
-    return chat_tokens(model, model.chat_template(), [{"role": "user", "content": text}])
+    return encode_chat(model, [{"role": "user", "content": text}])
 
 
 def two_sample_chi2(

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.policy import AutoPolicy
-from specrun.sampling import SamplingParams
-from specrun.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
+from specrun.spec.policy import AutoPolicy
+from specrun.spec.sampling import SamplingParams
+from specrun.spec.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
 
 P = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -235,7 +235,7 @@ class _AskedModel:
         self.asked = []
 
     def propose(self, tokens, k, params, rng, greedy_draft, window=None):
-        from specrun.drafters import Proposal
+        from specrun.spec.drafters import Proposal
 
         self.asked.append(k)
         self.n_cached = len(tokens)
@@ -252,7 +252,7 @@ class _AskedModel:
 
 
 def test_the_draft_model_keeps_its_own_k_under_lookups_longer_cap():
-    from specrun.policy import HybridPolicy
+    from specrun.spec.policy import HybridPolicy
 
     model = _AskedModel()
     hybrid = HybridPolicy(SuffixLookup(), model, draft_max=4)

@@ -35,12 +35,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .costmodel import expected_tokens
-from .engine import Engine, SpecConfig
-from .errors import SpecrunError, UsageError
-from .loader import calibrate_auto
-from .sampling import SamplingParams
-from .stats import SpecStats
+from specrun.errors import SpecrunError, UsageError
+from specrun.session import calibrate_auto
+from specrun.spec.costmodel import expected_tokens
+from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec.sampling import SamplingParams
+from specrun.spec.stats import SpecStats
 
 BUILTIN = "builtin"
 # Spec-Bench's leaderboard columns, in its order, then code. MT-bench's own categories (the
@@ -574,19 +574,6 @@ def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], 
     return head, body
 
 
-def rich_table(rows: Sequence[Row], columns: Sequence[str], title: str | None = None) -> Any:
-    from rich.table import Table
-
-    head, body = table_data(rows, columns)
-    t = Table(title=title, title_justify="left", caption=CAPTION, caption_justify="left")
-    for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True,
-                     style="bold" if h == "overall" else None)
-    for cells in body:
-        t.add_row(*cells)
-    return t
-
-
 CAPTION = ("speed-up = tok/s over the target alone on the same prompt (median over repeats, "
            "geometric mean over prompts); predicted = the cost model from measured acceptance "
            "and pass times; MAT = tokens per target pass; overhead = decode time outside llama.cpp")
@@ -602,8 +589,8 @@ def markdown(rows: Sequence[Row], columns: Sequence[str], header: str) -> str:
 
 
 def machine_info(models: Sequence[Any]) -> dict[str, Any]:
-    from . import __version__
-    from .runtime import physical_cores, system_info
+    from specrun import __version__
+    from specrun.llama.backend import llama_cpp_version, physical_cores, system_info
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -614,12 +601,7 @@ def machine_info(models: Sequence[Any]) -> dict[str, Any]:
                     break
     except OSError:
         pass
-    try:
-        import llama_cpp
-
-        llama_version = getattr(llama_cpp, "__version__", None)
-    except ImportError:  # pragma: no cover
-        llama_version = None
+    llama_version = llama_cpp_version()
     return {
         "cpu": cpu,
         "physical_cores": physical_cores(),

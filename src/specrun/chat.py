@@ -23,9 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, Result, Step
-from .errors import SpecrunError, UsageError
-from .sampling import SamplingParams
+from specrun.chat_template import render_chat, tokenize_chat
+from specrun.errors import SpecrunError, UsageError
+from specrun.spec.engine import Engine, Result, Step
+from specrun.spec.sampling import SamplingParams
 
 HELP = """\
 Commands:
@@ -79,8 +80,6 @@ class ChatSession:
                 "(use a chat/instruct model, or `specrun generate --raw` for plain completion)"
             )
         self.template: str = template
-        self._bos = target.token_text(target.bos).decode("utf-8", "replace") if target.bos >= 0 else ""
-        self._eos = target.token_text(target.eos).decode("utf-8", "replace") if target.eos >= 0 else ""
         self.params = params
         self.max_tokens = max_tokens
         self.system = system or None
@@ -157,18 +156,8 @@ class ChatSession:
 
     # -- prompts --------------------------------------------------------------------------
     def _render(self, messages: list[dict[str, str]]) -> str:
-        from .chat_template import render
-
         full = ([{"role": "system", "content": self.system}] if self.system else []) + messages
-        return render(self.template, full, bos_token=self._bos, eos_token=self._eos, add_generation_prompt=True,
-                      **self.template_kwargs)
-
-    def _tokenize_all(self, text: str) -> list[int]:
-        target = self.engine.target
-        toks = target.tokenize(text, add_special=True, parse_special=True)
-        if len(toks) >= 2 and toks[0] == toks[1] == target.bos:
-            toks = toks[1:]  # the template wrote BOS and the tokenizer added another
-        return toks
+        return render_chat(self.engine.target, full, template_kwargs=self.template_kwargs, template=self.template)
 
     def build(self, messages: list[dict[str, str]], *, extend: bool = True) -> tuple[list[int], str]:
         """Tokens and text of the prompt for ``messages`` (ending with the new user turn)."""
@@ -176,7 +165,7 @@ class ChatSession:
         if extend and self.tokens and self._rendered and text.startswith(self._rendered):
             tail = text[len(self._rendered):]
             return self.tokens + self.engine.target.tokenize(tail, add_special=False, parse_special=True), text
-        return self._tokenize_all(text), text
+        return tokenize_chat(self.engine.target, text), text
 
     def prepare(self, user_text: str) -> tuple[list[int], str, list[dict[str, str]], int]:
         """The next prompt; drops the oldest exchanges while the prompt and room for a reply do

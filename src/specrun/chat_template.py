@@ -1,52 +1,20 @@
-"""Render the chat template stored in a GGUF, with llama-cpp-python's own ``Jinja2ChatFormatter``.
-
-The formatter is the one llama-cpp-python 0.3.36 (pinned) uses for a GGUF's template, and it keeps
-in step with transformers' ``apply_chat_template``: jinja2's immutable sandbox (the template is
-untrusted input: it came with a downloaded file), trimmed blocks, loop controls, a ``tojson``
-that writes non-ASCII text as it is (``ensure_ascii=False``) and takes ``indent``, the
-``{% generation %}`` tag, ``strftime_now``, and extra keyword arguments (``enable_thinking``,
-``tools``, ``date_string`` ...) passed through to the template. It is pure Python over jinja2: no
-model is touched here. What is specrun's own: errors become one line (``TemplateError``), and a
-compiled template is reused across turns.
-"""
+"""Messages or a prompt to the target's tokens: the chat template stored in the GGUF, rendered by
+llama/template.py, then tokenized (one BOS, not two). The one place every front end encodes a chat."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
-from .errors import SpecrunError
-
-
-class TemplateError(SpecrunError):
-    pass
-
-
-@lru_cache(maxsize=8)
-def _formatter(source: str, bos_token: str, eos_token: str, add_generation_prompt: bool) -> Any:
-    from jinja2 import TemplateSyntaxError
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    try:
-        return Jinja2ChatFormatter(
-            template=source,
-            eos_token=eos_token,
-            bos_token=bos_token,
-            add_generation_prompt=add_generation_prompt,
-        )
-    except TemplateSyntaxError as exc:
-        raise TemplateError(f"the model's chat template does not parse: {exc}") from None
+from specrun.errors import UsageError
+from specrun.llama.template import TemplateError, render
 
 
 def parse_kwargs(text: str | None, flag: str = "--chat-template-kwargs") -> dict[str, Any]:
     """llama.cpp's ``--chat-template-kwargs '{"enable_thinking": false}'``: a JSON object."""
     if not text:
         return {}
-    import json
-
-    from .errors import UsageError
-
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -56,28 +24,66 @@ def parse_kwargs(text: str | None, flag: str = "--chat-template-kwargs") -> dict
     return obj
 
 
-def render(
-    source: str,
+
+
+def _special_text(model: Any, token: int) -> str:
+    return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
+
+
+def render_chat(
+    model: Any,
     messages: Sequence[dict[str, Any]],
     *,
-    bos_token: str = "",
-    eos_token: str = "",
     add_generation_prompt: bool = True,
-    **kwargs: Any,
+    template_kwargs: dict[str, Any] | None = None,
+    template: str | None = None,
 ) -> str:
-    """The prompt text for ``messages``; ``kwargs`` (``tools``, ``enable_thinking``, ...) go to
-    the template as variables, as transformers and llama-cpp-python pass them."""
-    from jinja2.exceptions import SecurityError
-    from jinja2.exceptions import TemplateError as JinjaError
+    """The text of ``messages`` as ``model`` (a llama.model.Model) reads a chat: its GGUF's template
+    (or ``template``) rendered with the model's BOS and EOS text."""
+    source = template if template is not None else model.chat_template()
+    if not source:
+        raise TemplateError(f"{model.path.name} has no chat template")
+    return render(
+        source, messages, bos_token=_special_text(model, model.bos), eos_token=_special_text(model, model.eos),
+        add_generation_prompt=add_generation_prompt, **(template_kwargs or {}),
+    )
 
-    formatter = _formatter(source, bos_token, eos_token, add_generation_prompt)
-    try:
-        return str(formatter(messages=list(messages), **kwargs).prompt)
-    except SecurityError as exc:
-        raise TemplateError(f"the model's chat template tried something unsafe: {exc}") from None
-    except JinjaError as exc:
-        raise TemplateError(f"the model's chat template failed: {exc}") from None
-    except ValueError as exc:  # the template's raise_exception(...), as llama-cpp-python raises it
-        raise TemplateError(f"chat template: {exc}") from None
-    except TypeError as exc:  # e.g. an extra argument the formatter itself takes, given twice
-        raise TemplateError(f"the model's chat template failed: {exc}") from None
+
+def tokenize_chat(model: Any, rendered: str) -> list[int]:
+    """Rendered chat text to tokens, special tokens parsed; a BOS the template wrote and the
+    tokenizer added again is kept once."""
+    toks = model.tokenize(rendered, add_special=True, parse_special=True)
+    if len(toks) >= 2 and toks[0] == toks[1] == model.bos:
+        toks = toks[1:]
+    return list(toks)
+
+
+def encode_chat(
+    model: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+    template: str | None = None,
+) -> list[int]:
+    """The tokens of ``messages`` for ``model``: render_chat, then tokenize_chat."""
+    text = render_chat(model, messages, add_generation_prompt=add_generation_prompt,
+                       template_kwargs=template_kwargs, template=template)
+    return tokenize_chat(model, text)
+
+
+def encode_prompt(
+    model: Any, text: str, chat: bool | None, system: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[int], bool]:
+    """A prompt's tokens: through the chat template (the default when the model has one, or when
+    ``chat`` is True) or raw text with the model's BOS (``chat`` False). Returns (tokens, chat used)."""
+    use_chat = bool(model.chat_template()) if chat is None else chat
+    if not use_chat:
+        if system:
+            raise UsageError("--system needs the chat template (drop --raw)")
+        return list(model.tokenize(text, add_special=True, parse_special=True)), False
+    if not model.chat_template():
+        raise UsageError(f"{model.path.name} has no chat template; use --raw")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return encode_chat(model, messages, template_kwargs=template_kwargs), True

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import compat, costmodel
-from .engine import Engine, Result, SpecConfig
-from .sampling import SamplingParams
+from specrun.chat_template import encode_chat
+from specrun.models import compat
+from specrun.spec import costmodel
+from specrun.spec.engine import Engine, Result, SpecConfig
+from specrun.spec.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from .runtime import Model
+    from specrun.llama.model import Model
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -49,7 +51,7 @@ class ProbeSettings:
     prompts: tuple[str, ...] = PROMPTS
 
     def validate(self) -> None:
-        from .errors import UsageError
+        from specrun.errors import UsageError
 
         if self.max_tokens < 8:
             raise UsageError(f"the probe needs at least 8 tokens per run, got {self.max_tokens}")
@@ -124,24 +126,9 @@ def compatibility(target: Model, draft: Model) -> list[str]:
 
 def encode(model: Model, text: str) -> list[int]:
     """A user message through the model's own chat template, or raw text when it has none."""
-    template = model.chat_template()
-    if not template:
+    if not model.chat_template():
         return model.tokenize(text, add_special=True)
-    from .chat_template import render
-
-    def special(tok: int) -> str:
-        return model.token_text(tok).decode("utf-8", "replace") if tok >= 0 else ""
-
-    rendered = render(
-        template,
-        [{"role": "user", "content": text}],
-        bos_token=special(model.bos),
-        eos_token=special(model.eos),
-    )
-    toks = model.tokenize(rendered, add_special=True, parse_special=True)
-    if len(toks) >= 2 and toks[0] == toks[1] == model.bos:
-        toks = toks[1:]  # the template wrote BOS and the tokenizer added another
-    return toks
+    return encode_chat(model, [{"role": "user", "content": text}])
 
 
 def fit_verify_slope(t1: float, verify_seconds: dict[int, float], counts: dict[int, int]) -> float:
@@ -200,7 +187,7 @@ def probe(
     t_start = time.perf_counter()
     room = min(target.n_ctx, draft.n_ctx) - s.max_tokens - s.learn_k - 2
     if room <= 8:
-        from .errors import UsageError
+        from specrun.errors import UsageError
 
         raise UsageError(f"a context of {target.n_ctx} tokens is too small for the probe")
     prompts = [encode(target, p)[-room:] for p in s.prompts]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,12 +27,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from .errors import IncompatiblePairError, ModelError, RegistryError, UsageError
-from .registry import Registry, ResolvedModel, UserEntry, update_user_registry
+from specrun.cli.common import spinner
+from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
+from specrun.models.registry import Registry, ResolvedModel, UserEntry, update_user_registry
 
 if TYPE_CHECKING:
-    from .probe import ProbeSettings
-    from .runtime import Model
+    from specrun.llama.model import Model
+    from specrun.probe import ProbeSettings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -292,13 +291,13 @@ def check(
         raise UsageError("--save with -m/-md needs --name NAME for the pair")
     if name and not save:
         raise UsageError("--name goes with --save")
-    from .probe import ProbeSettings
+    from specrun.probe import ProbeSettings
 
     settings = ProbeSettings(max_tokens=max_tokens, learn_k=draft_max, repeats=repeats)
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from .options import parse_ngl
+    from specrun.cli.options import parse_ngl
 
     ngl_n = parse_ngl(ngl, "--ngl")
 
@@ -370,16 +369,16 @@ def check_pair(
 ) -> dict[str, Any]:
     """Load both models (small contexts: the probe needs little), list every failing rule, and
     probe a compatible pair. ``target_model``: an already loaded target (a sweep loads it once)."""
-    from . import calibrate
-    from .gguf import validate_gguf
-    from .probe import compatibility, probe, recommended
-    from .runtime import LoadOptions, Model
+    from specrun.llama.gguf import validate_gguf
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.probe import compatibility, probe, recommended
+    from specrun.spec import calibrate
 
     n_ctx = 256 + (settings.max_tokens + settings.learn_k if settings else 0)
     opts = LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx))
     loaded: list[Model] = []
     try:
-        with _spinner(not quiet, f"loading {target.name} and {draft.name}") as say:
+        with spinner(not quiet, f"loading {target.name} and {draft.name}") as say:
             t = target_model
             if t is None:
                 validate_gguf(target.path)
@@ -418,17 +417,6 @@ def _describe(r: ResolvedModel) -> dict[str, Any]:
     return {"name": r.name, "path": str(r.path), "size": size}
 
 
-@contextmanager
-def _spinner(enabled: bool, text: str) -> Iterator[Callable[[str], None]]:
-    """A transient spinner on stderr while models load and the probe runs (terminal only)."""
-    con = Console(stderr=True)
-    if not (enabled and con.is_terminal):
-        yield lambda _msg: None
-        return
-    with con.status(text, spinner="dots") as st:
-        yield lambda msg: st.update(msg)
-
-
 def print_check(con: Console, out: dict[str, Any]) -> None:
     """The verdict, every failing rule, and the probe's figures as a small table."""
     t, d = out["target"]["name"], out["draft"]["name"]
@@ -453,7 +441,7 @@ def print_check(con: Console, out: dict[str, Any]) -> None:
     pr = out["probe"]
     if pr is None:
         return
-    from .probe import summary_rows
+    from specrun.probe import summary_rows
 
     table = Table(
         title=f"probe: {pr['settings']['prompts']} prompts x {pr['settings']['max_tokens']} tokens, greedy",

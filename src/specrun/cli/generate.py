@@ -1,66 +1,23 @@
-"""The command line: parse, resolve models, choose the display. No math, no llama calls here."""
+"""`specrun generate`: one prompt (argument, file or pipe), its completion on stdout."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import stat
 import sys
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from .errors import SpecrunError, UsageError
-from .options import model_options, sampling_options
-
-app = typer.Typer(
-    name="specrun",
-    help="Speculative decoding for local GGUF models: the target's exact output, faster.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-@dataclass
-class Streams:
-    """Where things go: stdout carries only text; the rest is for a terminal on stderr."""
-
-    stdout_tty: bool
-    stderr_tty: bool
-
-    @classmethod
-    def detect(cls) -> Streams:
-        return cls(sys.stdout.isatty(), sys.stderr.isatty())
+from specrun.chat_template import encode_prompt
+from specrun.cli.common import Streams, given_on_command_line, json_line, load_engine
+from specrun.cli.options import model_options, sampling_options
+from specrun.errors import UsageError
 
 
-def _err_console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-@contextmanager
-def _spinner(enabled: bool, text: str) -> Any:
-    """A transient spinner on stderr while something slow happens (terminal only)."""
-    if not enabled:
-        yield lambda _msg: None
-        return
-    console = _err_console()
-    with console.status(text, spinner="dots") as st:
-        yield lambda msg: st.update(msg)
-
-
-def _pull_progress(enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from .progress import RichPullProgress
-
-    return RichPullProgress()
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
 
 
 def _stdin_has_input() -> bool:
@@ -143,53 +100,6 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     return text
 
 
-def build_prompt_tokens(target: Any, text: str, chat: bool | None, system: str | None,
-                        template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], bool]:
-    """Tokens for the target: through its chat template (default when it has one) or raw."""
-    template = target.chat_template()
-    use_chat = bool(template) if chat is None else chat
-    if use_chat and not template:
-        raise UsageError(f"{target.path.name} has no chat template; use --raw")
-    if not use_chat:
-        if system:
-            raise UsageError("--system needs the chat template (drop --raw)")
-        return target.tokenize(text, add_special=True, parse_special=True), False
-
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return chat_tokens(target, template, messages, template_kwargs=template_kwargs), True
-
-
-def chat_tokens(target: Any, template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    from .chat_template import render
-
-    bos = target.token_text(target.bos).decode("utf-8", "replace") if target.bos >= 0 else ""
-    eos = target.token_text(target.eos).decode("utf-8", "replace") if target.eos >= 0 else ""
-    rendered = render(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt,
-                      **(template_kwargs or {}))
-    toks = target.tokenize(rendered, add_special=True, parse_special=True)
-    if len(toks) >= 2 and toks[0] == toks[1] == target.bos:
-        toks = toks[1:]  # the template wrote BOS and the tokenizer added another
-    return toks
-
-
-def load_engine(opts: Any, streams: Streams) -> Any:
-    """Resolve (pulling what is missing, with progress) and load, with a spinner on a terminal."""
-    from . import loader
-    from .registry import Registry
-
-    registry = Registry.load(verbose=opts.verbose)
-    progress = _pull_progress(streams.stderr_tty)
-    try:
-        plan = loader.plan(opts, registry, progress=progress)
-    finally:
-        if progress is not None:
-            progress.close()
-    with _spinner(streams.stderr_tty, f"loading {plan.target.name}") as say:
-        return loader.load(plan, opts, status=say, warn=lambda line: print(f"specrun: {line}", file=sys.stderr))
-
-
-@app.command()
 @sampling_options()
 @model_options()
 def generate(
@@ -220,11 +130,11 @@ def generate(
         raise UsageError(f"--n-completions must be >= 1, got {n_completions}")
     if compare and n_completions > 1:
         raise UsageError("--compare works with one completion")
-    if text is not None and prompt is not None and _given_on_command_line(click_ctx, "prompt"):
+    if text is not None and prompt is not None and given_on_command_line(click_ctx, "prompt"):
         raise UsageError("give the prompt once: PROMPT or --prompt, not both")
     if as_json and json_stream:
         raise UsageError("give either --json or --json-stream, not both")
-    from .chat_template import parse_kwargs
+    from specrun.chat_template import parse_kwargs
 
     extra = parse_kwargs(template_kwargs)
     text = read_prompt(text if text is not None else prompt, prompt_file)
@@ -232,14 +142,14 @@ def generate(
     loaded = load_engine(opts, streams)
     try:
         engine = loaded.engine
-        tokens, _ = build_prompt_tokens(engine.target, text, chat, system, extra)
+        tokens, _ = encode_prompt(engine.target, text, chat, system, extra)
         engine.check_prompt(tokens)
         from contextlib import nullcontext
         from dataclasses import replace
 
-        from .display import make_sink, summary_line
-        from .engine import Result
-        from .loader import describe
+        from specrun.cli.display import make_sink, summary_line
+        from specrun.session import describe
+        from specrun.spec.engine import Result
 
         show_summary = stats or streams.stderr_tty
         results: list[Result] = []
@@ -259,7 +169,7 @@ def generate(
                     elif sink is not None:
                         sink.step(ev)
                     elif json_stream and ev.tokens:
-                        _json_line(_step_json(ev) | ({"completion": i} if n_completions > 1 else {}))
+                        json_line(_step_json(ev) | ({"completion": i} if n_completions > 1 else {}))
                 assert result is not None
                 if sink is not None:
                     sink.finish(result)
@@ -298,19 +208,9 @@ def generate(
             if baseline is not None:
                 obj["baseline"] = {"tokens_per_second": round(baseline.stats.tokens_per_second, 2),
                                    "identical": baseline.tokens == results[0].tokens}
-            _json_line(({"event": "done"} | obj) if json_stream else obj)
+            json_line(({"event": "done"} | obj) if json_stream else obj)
     finally:
         loaded.close()
-
-
-def _given_on_command_line(ctx: Any, name: str) -> bool:
-    src = ctx.get_parameter_source(name)
-    return getattr(src, "name", "") == "COMMANDLINE"
-
-
-def _json_line(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
 
 
 def _step_json(ev: Any) -> dict[str, Any]:
@@ -339,106 +239,10 @@ def _result_json(r: Any) -> dict[str, Any]:
 
 def _baseline(engine: Any, tokens: list[int], max_tokens: int, params: Any, stop: Any) -> Any:
     """The target alone on the same prompt, cold cache both: the honest comparison."""
-    from .engine import Engine, SpecConfig
+    from specrun.spec.engine import Engine, SpecConfig
 
     alone = Engine(engine.target, None, SpecConfig(mode="none"))
     engine.reset()
     return alone.run(tokens, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=False)
 
 
-def _mount_subcommands() -> None:
-    from .models_cli import app as models_app
-
-    app.add_typer(models_app, name="models", help="List, pull, locate and remove registry models.")
-    from .chat_cli import register as register_chat
-
-    register_chat(app)
-    from .bench_cli import register as register_bench
-
-    register_bench(app)
-    from .draft_cli import register as register_draft
-
-    register_draft(app)
-    from .info_cli import register as register_info
-
-    register_info(app)
-
-
-_mounted = False
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: domain errors become one line on stderr and an exit code, never a traceback."""
-    global _mounted
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or bool(os.environ.get("SPECRUN_DEBUG"))
-    args = [a for a in args if a != "--debug"]
-    if not _mounted:
-        _mount_subcommands()
-        _mounted = True
-    # SIGTERM unwinds like Ctrl-C so temp files are removed by the finally blocks on the way out.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    try:
-        rc = app(args=args, standalone_mode=False, prog_name="specrun")
-        if rc == 130:  # click turned a Ctrl-C into Exit(130) and returned it
-            _flush_quietly()
-            sys.stderr.write("\nspecrun: interrupted\n")
-        if isinstance(rc, int):
-            return rc
-    except SpecrunError as exc:
-        if debug:
-            raise
-        _flush_quietly()
-        print(f"specrun: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        _flush_quietly()
-        sys.stderr.write("\nspecrun: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as a C tool killed by SIGPIPE would.
-        _silence_stdout()
-        return 141
-    except typer.Exit as exc:
-        return int(exc.exit_code or 0)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except Exception as exc:
-        # Usage errors from the option parser (click's, or the copy Typer vendors): its own
-        # message and exit code 2.
-        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show(file=sys.stderr)
-            return int(getattr(exc, "exit_code", 2))
-        if type(exc).__name__ == "Abort":
-            sys.stderr.write("\nspecrun: interrupted\n")
-            return 130
-        if debug:
-            raise
-        print(f"specrun: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _flush_quietly() -> None:
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, OSError, ValueError):
-        _silence_stdout()
-
-
-def _silence_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
-
-def entry() -> None:
-    code = main()
-    _flush_quietly()
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    entry()

@@ -14,8 +14,8 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 
-from .errors import ModelError, UsageError
-from .gguf import GGUFInfo, OmittedValue
+from specrun.errors import ModelError, UsageError
+from specrun.llama.gguf import GGUFInfo, OmittedValue
 
 # llama.cpp's KV cache types (ggml type id, bytes per block, elements per block): `--cache-type-k`.
 CACHE_TYPES: dict[str, tuple[int, int, int]] = {

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from . import sampling as S
+from specrun.spec import sampling as S
 
 if TYPE_CHECKING:
-    from .runtime import Model
+    from specrun.llama.model import Model
 
 
 @dataclass

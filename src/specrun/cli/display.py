@@ -24,13 +24,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .engine import Result, Step
+from specrun.spec.engine import Result, Step
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from .stats import SpecStats
+    from specrun.spec.stats import SpecStats
 
 DRAFT_STYLE = "green"  # tokens that came from an accepted draft
 TARGET_STYLE = "yellow"  # tokens the target produced itself (corrections and bonus tokens)

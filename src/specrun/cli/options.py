@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import UsageError
+from specrun.errors import UsageError
 
 P_MODELS, P_SPEC, P_PLACE, P_SAMPLE = "Models", "Speculation", "Placement", "Sampling"
 
@@ -232,7 +232,7 @@ def _drop_env_rivals(kw: dict[str, Any], src: dict[str, str], rivals: list[tuple
 def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
     """The command line's model options -> a validated ModelOptions. llama.cpp's spellings are
     folded in here: -hf/-hfd into -m/-md, --spec-type into --mode, --ngl auto|all into numbers."""
-    from .loader import ModelOptions
+    from specrun.session import ModelOptions
 
     src = src or {}
     _drop_env_rivals(kw, src, [("pair", "model"), ("pair", "hf_repo"), ("model", "hf_repo"),
@@ -247,7 +247,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
             continue
         if kw.get(plain) is not None:
             raise UsageError(f"give either {flag} or {'-m' if flag == '-hf' else '-md'}, not both")
-        from .registry import parse_hub_spec
+        from specrun.models.registry import parse_hub_spec
 
         if parse_hub_spec(repo) is None:
             raise UsageError(f"{flag} takes a Hugging Face repo, USER/REPO[:QUANT]; got {repo!r}")
@@ -268,7 +268,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
 
 
 def _build_sampling(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
-    from .sampling import SamplingParams
+    from specrun.spec.sampling import SamplingParams
 
     seed = kw.pop("seed", None)
     params = SamplingParams(**kw, seed=secrets.randbits(31) if seed is None else seed)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import ModelError
+from specrun.errors import ModelError
 
 __all__ = [
     "GGML_TYPES",

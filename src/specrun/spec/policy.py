@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import costmodel
-from . import sampling as S
-from .drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.spec import costmodel
+from specrun.spec import sampling as S
+from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
 
 
 class Policy:

@@ -35,7 +35,7 @@ class SamplingParams:
         return self.temp <= 0.0
 
     def validate(self) -> None:
-        from .errors import UsageError
+        from specrun.errors import UsageError
 
         if not np.isfinite(self.temp) or self.temp < 0:
             raise UsageError(f"--temp must be >= 0 (0 = greedy), got {self.temp}")

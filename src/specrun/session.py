@@ -1,5 +1,5 @@
-"""From command-line model options to a ready Engine: resolve names, pull what is missing,
-validate, load, check the pair. Shared by generate, chat, bench and models check."""
+"""From model options to a ready Engine: resolve names, pull what is missing,
+validate, load, check the pair. Shared by every front end (the CLI's commands, the server)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import MAX_DRAFT, Engine, SpecConfig
-from .errors import IncompatiblePairError, ModelError, UsageError
-from .policy import AutoPolicy
-from .registry import ProgressFn, Registry, ResolvedModel
+from specrun.errors import IncompatiblePairError, ModelError, UsageError
+from specrun.models.registry import ProgressFn, Registry, ResolvedModel
+from specrun.spec.engine import MAX_DRAFT, Engine, SpecConfig
+from specrun.spec.policy import AutoPolicy
 
 DEFAULT_CTX = 4096
 DEFAULT_DRAFT_MAX = 4
@@ -75,7 +75,7 @@ class ModelOptions:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch}")
         if self.flash_attn.lower() not in ("on", "off", "auto"):
             raise UsageError(f"--flash-attn must be on, off or auto, got {self.flash_attn!r}")
-        from .memory import CACHE_TYPES, cache_type_id
+        from specrun.models.memory import CACHE_TYPES, cache_type_id
 
         types: list[tuple[str, str | None]] = [
             ("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v),
@@ -92,8 +92,8 @@ class ModelOptions:
 
     def load_options(self, draft: bool) -> Any:
         """llama.cpp's parameters for the target (or the draft): what runtime.Model is given."""
-        from .memory import cache_type_id
-        from .runtime import LoadOptions
+        from specrun.llama.model import LoadOptions
+        from specrun.models.memory import cache_type_id
 
         ctx = (self.ctx_draft or self.ctx) if draft else self.ctx
         type_k = (self.cache_type_k_draft or self.cache_type_k) if draft else self.cache_type_k
@@ -117,7 +117,7 @@ class ModelOptions:
         flag = self.flash_attn_flag
         if flag is not None:
             return flag
-        from .runtime import auto_flash_attn
+        from specrun.llama.backend import auto_flash_attn
 
         return auto_flash_attn(ngl, type_v)
 
@@ -166,7 +166,7 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
         raise UsageError("give either --pair or -m/--model, not both")
     def resolve(spec: str, hf_file: str | None) -> ResolvedModel:
         if hf_file:
-            from .registry import parse_hub_spec
+            from specrun.models.registry import parse_hub_spec
 
             hub = parse_hub_spec(spec)
             if hub is None:
@@ -197,15 +197,15 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
 
 
 def _prevalidate(path: Path) -> Any:
-    from .gguf import validate_gguf
+    from specrun.llama.gguf import validate_gguf
 
     return validate_gguf(path)
 
 
 def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> tuple[list[Any], list[str]]:
     """The memory each model of the plan will take where, decided before loading (or refused)."""
-    from . import memory
-    from .runtime import gpu_free_memory
+    from specrun.llama.backend import gpu_free_memory
+    from specrun.models import memory
 
     items = []
     for i, r in enumerate(filter(None, (p.target, p.draft))):
@@ -235,8 +235,9 @@ def load(
     build the Engine. ``warn`` gets the memory notes (stderr lines)."""
     from dataclasses import replace
 
-    from . import compat
-    from .runtime import Model, supports_gpu_offload
+    from specrun.llama.backend import supports_gpu_offload
+    from specrun.llama.model import Model
+    from specrun.models import compat
 
     say = status or (lambda _msg: None)
     models: list[Model] = []
@@ -276,10 +277,24 @@ def load(
         raise
 
 
+def load_engine(
+    opts: ModelOptions,
+    *,
+    registry: Registry | None = None,
+    progress: ProgressFn | None = None,
+    status: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Loaded:
+    """Resolve ``opts`` (pulling missing registry models, ``progress`` told how it goes) and load:
+    the one call a front end needs. The caller owns the result: ``Loaded.close()``."""
+    reg = registry if registry is not None else Registry.load(verbose=opts.verbose)
+    return load(plan(opts, reg, progress=progress), opts, status=status, warn=warn)
+
+
 def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None) -> None:
     """Give auto the measured pass costs of this target and draft on this machine (cached per
     file; the first run of a model measures for well under a second on small models)."""
-    from . import calibrate
+    from specrun.spec import calibrate
 
     assert isinstance(engine.policy, AutoPolicy)
     sizes = tuple(n for n in calibrate.SIZES if n <= engine.config.draft_max + 1)
@@ -295,4 +310,4 @@ def describe(r: ResolvedModel | None) -> dict[str, str] | None:
     return None if r is None else {"name": r.name, "path": str(r.path)}
 
 
-__all__ = ["ModelOptions", "Plan", "Loaded", "plan", "load", "describe", "ModelError"]
+__all__ = ["ModelOptions", "Plan", "Loaded", "plan", "load", "load_engine", "describe", "ModelError"]

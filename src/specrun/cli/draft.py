@@ -21,18 +21,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from . import paths
-from .errors import ModelError, UsageError
-from .models_cli import (
+from specrun import paths
+from specrun.cli.common import spinner
+from specrun.cli.models import (
     PullDisplay,
-    _spinner,
     _stdout,
     check_pair,
     human_size,
     print_check,
     save_pair,
 )
-from .registry import Registry, ResolvedModel
+from specrun.errors import ModelError, UsageError
+from specrun.models.registry import Registry, ResolvedModel
 
 draft_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -48,7 +48,7 @@ def default_dir() -> Path:
 
 
 def parse_quants(quant: str, sweep: str | None) -> list[str]:
-    from .runtime import QUANT_TYPES
+    from specrun.llama.quantize import QUANT_TYPES
 
     wanted = [q.strip().upper() for q in (sweep.split(",") if sweep else [quant]) if q.strip()]
     if not wanted:
@@ -76,7 +76,7 @@ def output_paths(target_name: str, quants: list[str], out: Path | None, sweep: b
 
 def quantize_atomic(src: Path, dest: Path, quant: str, threads: int | None) -> Path:
     """Re-quantize ``src`` into ``dest`` through a part file and a rename."""
-    from .registry import quantize_file
+    from specrun.models.registry import quantize_file
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -179,14 +179,14 @@ def make(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
 ) -> None:
     """Re-quantize a target into a draft model, probe whether it pays, optionally register it."""
-    from .probe import ProbeSettings
+    from specrun.probe import ProbeSettings
 
     quants = parse_quants(quant, sweep)
     settings = ProbeSettings(max_tokens=max_tokens, learn_k=draft_max, repeats=repeats)
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from .options import parse_ngl
+    from specrun.cli.options import parse_ngl
 
     ngl_n = parse_ngl(ngl, "--ngl")
     if name is not None and not name.strip():
@@ -208,7 +208,7 @@ def make(
         if probe_run:
             target_model = _load_target(target, settings, threads, ngl_n, verbose, quiet=as_json)
         for q, dest in zip(quants, dests, strict=True):
-            with _spinner(not as_json, f"quantizing {target.name} to {q}"):
+            with spinner(not as_json, f"quantizing {target.name} to {q}"):
                 quantize_atomic(target.path, dest, q, threads)
             if not as_json and sweep is None:
                 print(f"wrote {dest} ({human_size(dest.stat().st_size)})", file=sys.stderr)
@@ -269,7 +269,7 @@ def make(
                 soft_wrap=True,
             )
     if any(not r["compatible"] for r in results):
-        from .errors import IncompatiblePairError
+        from specrun.errors import IncompatiblePairError
 
         raise IncompatiblePairError(
             "a re-quantized draft is incompatible with its target (see above)"
@@ -280,12 +280,12 @@ def _load_target(
     target: ResolvedModel, settings: Any, threads: int | None, ngl: int, verbose: bool, quiet: bool
 ) -> Any:
     """Load the target once for every probe (a sweep would otherwise load it per type)."""
-    from .gguf import validate_gguf
-    from .runtime import LoadOptions, Model
+    from specrun.llama.gguf import validate_gguf
+    from specrun.llama.model import LoadOptions, Model
 
     validate_gguf(target.path)
     n_ctx = 256 + settings.max_tokens + settings.learn_k
-    with _spinner(not quiet, f"loading {target.name}"):
+    with spinner(not quiet, f"loading {target.name}"):
         return Model(
             target.path,
             LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx)),

@@ -10,9 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import Streams, _err_console, chat_tokens, load_engine
-from .errors import UsageError
-from .options import model_options, sampling_options
+from specrun import bench as B
+from specrun.chat_template import encode_chat
+from specrun.cli.common import Streams, err_console, load_engine
+from specrun.cli.options import model_options, sampling_options
+from specrun.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +41,6 @@ def bench(
 ) -> None:
     """Baseline against speculation modes on a prompt suite: speed-up per category, acceptance,
     and the cost model's prediction beside each measurement."""
-    from . import bench as B
 
     streams = Streams.detect()
     mode_list = B.parse_modes(modes)
@@ -56,7 +57,7 @@ def bench(
     # The loader loads a draft model unless it is told the mode needs none.
     opts = replace(opts, mode="auto" if B.needs_draft_model(mode_list) else "none", draft_max=max(ks))
     opts.validate()
-    err = _err_console()
+    err = err_console()
     loaded = load_engine(opts, streams)
     try:
         target = loaded.engine.target
@@ -72,7 +73,7 @@ def bench(
 
         def encode(messages: list[dict[str, str]]) -> list[int]:
             if template:
-                return chat_tokens(target, template, messages)
+                return encode_chat(target, messages)
             text = "\n\n".join(m["content"] for m in messages)
             return target.tokenize(text, add_special=True, parse_special=False)
 
@@ -90,7 +91,7 @@ def bench(
         from rich.console import Console
 
         out = Console(file=sys.stdout, highlight=False, width=None if streams.stdout_tty else 200)
-        out.print(B.rich_table(rows, result.columns, title=title))
+        out.print(rich_table(rows, result.columns, title=title))
         sys.stdout.flush()
         busy = result.busy_warning()
         if busy:
@@ -99,7 +100,7 @@ def bench(
         if json_out is not None or md_out is not None:
             machine = B.machine_info(loaded.models)
         if json_out is not None:
-            from .loader import describe
+            from specrun.session import describe
 
             meta = {
                 "suite": where,
@@ -174,3 +175,16 @@ def _run_with_progress(B: Any, engines: Any, prompts: Any, encode: Any, settings
                              warn=lambda m: err.print(f"specrun: {m}"))
         bar.update(task, completed=total)
     return result
+
+
+def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
+    from rich.table import Table
+
+    head, body = B.table_data(rows, columns)
+    t = Table(title=title, title_justify="left", caption=B.CAPTION, caption_justify="left")
+    for i, h in enumerate(head):
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True,
+                     style="bold" if h == "overall" else None)
+    for cells in body:
+        t.add_row(*cells)
+    return t

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import sampling as S
-from .drafters import EMPTY, Proposal
-from .errors import SpecrunError
-from .paths import write_json_atomic
+from specrun.errors import SpecrunError
+from specrun.paths import write_json_atomic
+from specrun.spec import sampling as S
+from specrun.spec.drafters import EMPTY, Proposal
 
 
 class NgramIndex:

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .errors import ModelError, SpecrunError
-from .options import model_options
+from specrun.cli.options import model_options
+from specrun.errors import ModelError, SpecrunError
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,7 @@ def _version(dist: str) -> str | None:
 
 
 def build_info() -> dict[str, Any]:
-    from . import runtime
+    from specrun.llama import backend as runtime
 
     sysinfo = runtime.system_info()
     devs = runtime.devices()
@@ -53,8 +53,8 @@ def build_info() -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, Any]:
-    from .memory import host_memory
-    from .runtime import cpu_name, physical_cores
+    from specrun.llama.backend import cpu_name, physical_cores
+    from specrun.models.memory import host_memory
 
     mem = host_memory()
     return {
@@ -69,7 +69,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any) -> dict[str, Any]:
-    from .registry import _quant_tags
+    from specrun.models.registry import _quant_tags
 
     ftype = info.get("general.file_type")
     quant = _quant_tags([path.name])
@@ -98,10 +98,11 @@ def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned
 
 def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     """Sizes, estimate and compatibility for the model or pair the options name (nothing pulled)."""
-    from . import compat, loader
-    from .memory import ModelShape, host_memory
-    from .registry import Registry
-    from .runtime import LoadOptions, Model
+    from specrun import session as loader
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.models import compat
+    from specrun.models.memory import ModelShape, host_memory
+    from specrun.models.registry import Registry
 
     registry = Registry.load(verbose=opts.verbose)
     try:
@@ -145,7 +146,7 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
 
 
 def _gib(n: int | float) -> str:
-    from .memory import gib
+    from specrun.models.memory import gib
 
     return gib(n)
 

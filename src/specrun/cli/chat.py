@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from .cli import Streams, load_engine
-from .errors import SpecrunError, UsageError
-from .options import model_options, sampling_options
+from specrun.cli.common import Streams, load_engine
+from specrun.cli.options import model_options, sampling_options
+from specrun.errors import SpecrunError, UsageError
 
 PROMPT = ">>> "
 CONT = "... "
@@ -86,11 +86,11 @@ def register(app: typer.Typer) -> None:
         Type /help inside for the commands. Multi-line input: end a line with a backslash, or
         open a block with \"\"\" and close it with \"\"\". Ctrl-C stops a reply, Ctrl-D exits.
         """
-        from .paths import state_dir
+        from specrun.paths import state_dir
 
         if max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
-        from .chat_template import parse_kwargs
+        from specrun.chat_template import parse_kwargs
 
         extra = parse_kwargs(template_kwargs)
         streams = Streams.detect()
@@ -105,10 +105,10 @@ def register(app: typer.Typer) -> None:
 def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bool | None,
          color: bool | None, stats: bool, streams: Streams, history: Path | None,
          template_kwargs: dict[str, Any] | None = None) -> None:
-    from .chat import ChatSession, handle_command, read_message
-    from .display import make_sink
-    from .engine import Result
-    from .loader import describe
+    from specrun.chat import ChatSession, handle_command, read_message
+    from specrun.cli.display import make_sink
+    from specrun.session import describe
+    from specrun.spec.engine import Result
 
     engine = loaded.engine
     stdin_tty = sys.stdin.isatty()
@@ -189,7 +189,7 @@ def _reply(session: Any, text: str, make_sink: Any, result_type: Any, live: bool
                             sink.finish(ev)
                             summary_done = sink.prints_summary
                             if stats and not summary_done:
-                                from .display import summary_line
+                                from specrun.cli.display import summary_line
 
                                 say(summary_line(ev, engine.config.draft_max))
                         else:

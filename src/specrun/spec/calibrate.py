@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .paths import specrun_home, write_json_atomic
+from specrun.paths import specrun_home, write_json_atomic
 
 SIZES = (1, 2, 3, 5, 9)
 REPS = 3
@@ -33,7 +33,7 @@ def cache_file() -> Path:
 
 
 def _key(model: Any, sizes: Sequence[int]) -> str:
-    from .runtime import cpu_name, system_info
+    from specrun.llama.backend import cpu_name, system_info
 
     st = Path(model.path).stat()
     cp = model.context_params()

@@ -1,0 +1,3 @@
+from specrun.cli.main import entry
+
+entry()

@@ -1,0 +1,276 @@
+"""llama.cpp's process-wide side: the backend, its log, deferred signals, what this build and
+CPU support, and the devices it can place weights on."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp as ll
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_verbose = False
+_log_capture: list[str] | None = None  # llama.cpp's log lines while a model loads
+
+
+@ll.llama_log_callback
+def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover
+    line = text.decode("utf-8", errors="replace")
+    if _log_capture is not None:
+        _log_capture.append(line)
+    if _log_verbose:
+        import sys
+
+        sys.stderr.write(line)
+
+
+@contextlib.contextmanager
+def capture_load_log(lines: list[str]) -> Iterator[None]:
+    """llama.cpp's log lines go to ``lines`` too while a model loads (parse_load_log reads them)."""
+    global _log_capture
+    _log_capture = lines
+    try:
+        yield
+    finally:
+        _log_capture = None
+
+
+def parse_load_log(lines: list[str]) -> dict[str, Any]:
+    """What llama.cpp says it allocated and decided while loading (its INFO log)."""
+    out: dict[str, Any] = {}
+    mib: dict[str, float] = {}
+    for line in "".join(lines).splitlines():
+        m = re.search(r"(\S+)\s+(model|KV|output|compute) buffer size\s*=\s*([\d.]+) MiB", line)
+        if m:
+            key = m.group(2).lower()
+            if key == "model":
+                out.setdefault("weight_buffers", []).append(m.group(1))
+            mib[key] = mib.get(key, 0.0) + float(m.group(3))
+            if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64", "AMX") and "Host" not in m.group(1):
+                mib[key + "_device"] = mib.get(key + "_device", 0.0) + float(m.group(3))
+            continue
+        m = re.search(r"K \((\w+)\):.*V \((\w+)\):", line)
+        if m:
+            out["type_k"], out["type_v"] = m.group(1), m.group(2)
+            continue
+        m = re.search(r"flash_attn\s*=\s*(\w+)", line)
+        if m:
+            out["flash_attn"] = m.group(1)
+            continue
+        m = re.search(r"offloaded (\d+)/(\d+) layers to GPU", line)
+        if m:
+            out["gpu_layers"] = int(m.group(1))
+        if re.search(r"enabling flash_attn|Flash Attention was auto, set to enabled", line):
+            out["flash_attn_resolved"] = "enabled"
+        elif "Flash Attention was auto, set to disabled" in line:
+            out["flash_attn_resolved"] = "disabled"
+    out["buffers_mib"] = mib
+    return out
+
+
+_pending_signals: list[int] = []
+
+
+@contextlib.contextmanager
+def deferred_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while llama.cpp runs Python callbacks, then act on them.
+
+    Loading a model runs Python code inside llama.cpp's log and progress callbacks; an exception
+    raised there by a signal handler (KeyboardInterrupt, SystemExit) is printed and dropped by
+    ctypes ("Exception ignored on calling ctypes callback function"), so Ctrl-C during a load was
+    lost. Here the signal is only recorded; the progress callback then tells llama.cpp to abandon
+    the load, and once control is back in plain Python the signal's own handler runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old: dict[int, Any] = {}
+    for sig in signums:
+        handler = signal.getsignal(sig)
+        if handler in (signal.SIG_IGN, None):
+            continue
+        old[sig] = handler
+        signal.signal(sig, lambda signum, _frame: _pending_signals.append(signum))
+    _pending_signals.clear()
+    try:
+        yield
+    finally:
+        pending = list(dict.fromkeys(_pending_signals))
+        _pending_signals.clear()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            handler = old[sig]
+            if callable(handler):
+                handler(sig, None)
+            else:  # SIG_DFL: let the default action happen now
+                os.kill(os.getpid(), sig)
+
+
+@ll.llama_progress_callback
+def load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:  # pragma: no cover
+    """Returning False makes llama.cpp abandon the load: a signal arrived meanwhile."""
+    return not _pending_signals
+
+
+def init_backend(verbose: bool = False) -> None:
+    """Initialise llama.cpp once; its log goes to stderr only when ``verbose``."""
+    global _backend_ready, _log_verbose
+    _log_verbose = verbose
+    with _backend_lock:
+        if not _backend_ready:
+            # llama.cpp's tiled K-quant matmul takes batches of 8+ rows only, and sums otherwise
+            # than the vec_dot that scores single rows (Q4_K/Q6_K logits up to 0.9 apart): off,
+            # so a verify pass of 8+ rows scores each row as decoding it alone would (read by
+            # ggml once, at its first matmul; set GGML_CPU_TILED_MM=1 to have it anyway).
+            os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+            ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
+            ll.llama_backend_init()
+            _backend_ready = True
+
+
+def physical_cores() -> int:
+    """Threads default: physical cores (llama.cpp's own rule), at least 1."""
+    try:
+        cores: set[tuple[str, str]] = set()
+        phys = ""
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    phys = value.strip()
+                elif key == "core id":
+                    cores.add((phys, value.strip()))
+        if cores:
+            return max(1, min(len(cores), os.cpu_count() or 1))
+    except OSError:
+        pass
+    return max(1, os.cpu_count() or 1)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def supports_mmap() -> bool:
+    return bool(ll.llama_supports_mmap())
+
+
+def supports_mlock() -> bool:
+    return bool(ll.llama_supports_mlock())
+
+
+def llama_cpp_version() -> str | None:
+    """The llama-cpp-python version this process runs."""
+    return getattr(ll, "__version__", None)
+
+
+def system_info() -> str:
+    init_backend()
+    return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+
+def auto_flash_attn(n_gpu_layers: int, type_v: int | None) -> bool | None:
+    """Flash attention when none was asked for: off for a model on the CPU, on for a quantized
+    V cache (which needs it), llama.cpp's own choice (None) for one offloaded to a GPU.
+
+    llama.cpp's CPU flash-attention kernel gives a row decoded in a batch other logits than the
+    same row decoded alone once the context is a few hundred tokens long (measured with SmolLM2:
+    up to 6e-2 at 400 tokens, exact below ~256), so greedy speculation could part from the target
+    alone at a near-tie. Without it, CPU batches are row-exact.
+    """
+    if type_v is not None and type_v not in (0, 1, 30):  # f32, f16, bf16
+        return True
+    if n_gpu_layers == 0 or not supports_gpu_offload():
+        return False
+    return None
+
+
+def batch_exact_cpu() -> bool:
+    """Whether CPU matmuls give the same numbers for a row decoded alone and in a batch.
+
+    llamafile's tinyBLAS (a build default) takes batches of 2+ rows and leaves single rows to
+    ggml's vec_dot, which sums in another order: logits then differ by ~1e-2 and greedy
+    speculation can part from the target alone at near-ties. ``make install`` builds without it.
+    """
+    return "LLAMAFILE = 1" not in system_info()
+
+
+@dataclass(frozen=True)
+class Device:
+    """A ggml backend device (the CPU, a GPU, an accelerator) and its memory."""
+
+    name: str
+    description: str
+    kind: str  # cpu | gpu | igpu | accel | meta
+    free: int
+    total: int
+
+
+_DEV_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+def devices() -> list[Device]:
+    """The devices llama.cpp's backends registered (ggml_backend_dev_*, in libggml-base)."""
+    init_backend()
+    lib = ll.llama_cpp._lib
+    try:
+        count, get = lib.ggml_backend_dev_count, lib.ggml_backend_dev_get
+        name, desc = lib.ggml_backend_dev_name, lib.ggml_backend_dev_description
+        kind, memory = lib.ggml_backend_dev_type, lib.ggml_backend_dev_memory
+    except AttributeError:  # pragma: no cover - a build that does not export them
+        return []
+    count.restype, count.argtypes = ctypes.c_size_t, []
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    for f in (name, desc):
+        f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    memory.restype = None
+    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    out = []
+    for i in range(int(count())):
+        dev = get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(dev, ctypes.byref(free), ctypes.byref(total))
+        k = int(kind(dev))
+        out.append(Device(
+            name=(name(dev) or b"").decode("utf-8", "replace"),
+            description=(desc(dev) or b"").decode("utf-8", "replace"),
+            kind=_DEV_KINDS[k] if 0 <= k < len(_DEV_KINDS) else str(k),
+            free=int(free.value),
+            total=int(total.value),
+        ))
+    return out
+
+
+def gpu_free_memory() -> int | None:
+    """Free bytes over the GPUs llama.cpp can offload to; None when this build cannot offload."""
+    if not supports_gpu_offload():
+        return None
+    gpus = [d for d in devices() if d.kind in ("gpu", "igpu")]
+    return sum(d.free for d in gpus) if gpus else None
+
+

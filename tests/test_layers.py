@@ -1,0 +1,155 @@
+"""The package's floors, read from the imports themselves (ast), so a change cannot quietly undo them.
+
+    front ends   cli/, server/         (Typer and Rich; HTTP)   import anything below, not each other
+    application  session, chat, probe, bench, chat_template     prints nothing
+    core         spec/ (the loop and its math), models/ (registry, files, memory)   not each other
+    llama        llama/                                         the only importer of llama_cpp
+    base         errors, paths
+
+Imports point only downward (a module may also import its own folder), and the graph of all
+imports, those inside functions included, has no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
+
+APPLICATION = {"session", "chat", "probe", "bench", "chat_template"}
+BASE = {"errors", "paths", "__init__"}
+RANK = {"base": 0, "llama": 1, "spec": 2, "models": 2, "application": 3, "cli": 4, "server": 4, "entry": 5}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__" and len(parts) > 2:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def floor(mod: str) -> str:
+    parts = mod.split(".")
+    if len(parts) == 1 or parts[1] in BASE:
+        return "base"
+    if parts[1] == "__main__":  # `python -m specrun`
+        return "entry"
+    if parts[1] in APPLICATION:
+        return "application"
+    if parts[1] in RANK:
+        return parts[1]
+    raise AssertionError(f"{mod}: a module outside every floor; add it to one in tests/test_layers.py")
+
+
+def imports_of(path: Path, mod: str) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in the file, at any depth."""
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:  # `from specrun.spec import engine` imports the module specrun.spec.engine
+                full = f"{base}.{a.name}"
+                out.append((node.lineno, full if _is_module(full) else base))
+    return out
+
+
+def _is_module(name: str) -> bool:
+    if not name.startswith("specrun"):
+        return False
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (PKG / rel).with_suffix(".py").is_file() or (PKG / rel / "__init__.py").is_file()
+
+
+FILES = sorted(p for p in PKG.rglob("*.py"))
+GRAPH = {module_name(p): imports_of(p, module_name(p)) for p in FILES}
+
+
+def test_every_module_has_a_floor() -> None:
+    assert len(GRAPH) > 30
+    for mod in GRAPH:
+        floor(mod)
+
+
+def test_imports_point_downward() -> None:
+    bad = []
+    for mod, imports in GRAPH.items():
+        here = floor(mod)
+        for line, target in imports:
+            if not target.startswith("specrun.") or target == "specrun":
+                continue
+            there = floor(target)
+            if there == here:
+                same_folder = mod.split(".")[:2] == target.split(".")[:2] or here in ("base", "application")
+                if not same_folder:
+                    bad.append(f"{mod}:{line} imports {target} ({here} -> {there}, a neighbour)")
+            elif RANK[there] >= RANK[here]:
+                bad.append(f"{mod}:{line} imports {target} ({here} -> {there}: upward)")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_llama_imports_llama_cpp() -> None:
+    bad = [f"{mod}:{line}" for mod, imports in GRAPH.items() for line, t in imports
+           if t.split(".")[0] == "llama_cpp" and floor(mod) != "llama"]
+    assert not bad, f"llama_cpp imported outside llama/: {bad}"
+
+
+def test_no_import_cycles() -> None:
+    edges = {m: {t for _, t in imps if t in GRAPH and t != m} for m, imps in GRAPH.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+
+
+def test_below_the_front_ends_nothing_prints_or_uses_rich() -> None:
+    """Only a front end talks to the terminal: the application and the loop return values and take
+    callbacks; no layer below the front ends draws with Rich or parses with Typer. (llama/ and
+    models/ pass llama.cpp's and pip's own log through to stderr under --verbose.)"""
+    bad = []
+    for path in FILES:
+        mod = module_name(path)
+        if floor(mod) in ("cli", "server", "entry"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if floor(mod) in ("application", "spec") else ():
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("print", "input"):
+                bad.append(f"{mod}:{node.lineno} calls {node.func.id}()")
+            if isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+                bad.append(f"{mod}:{node.lineno} uses sys.{node.attr}")
+        bad += [f"{mod}:{line} imports {t}" for line, t in GRAPH[mod] if t.split(".")[0] in ("rich", "typer")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The rules fail on what they forbid: an upward import read from real source text."""
+    src = tmp_path / "specrun" / "spec" / "x.py"
+    src.parent.mkdir(parents=True)
+    src.write_text("def f():\n    from specrun.cli.main import main\n")
+    imports = imports_of(src, "specrun.spec.x")
+    assert imports == [(2, "specrun.cli.main")]
+    assert RANK[floor("specrun.cli.main")] > RANK[floor("specrun.spec.x")]
