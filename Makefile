@@ -29,18 +29,21 @@ PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
 LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 
 STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU),)
+DEPS  := $(VENV)/.deps$(if $(GPU),-$(GPU),)
 
-.PHONY: install run test lint bench clean help
+.PHONY: install run test test-fast lint bench clean help
 help:
 	@echo "make run     - generate on the default pair with speculation (PROMPT=file.txt, N=tokens)"
 	@echo "make test    - the whole test suite"
+	@echo "make test-fast - the tests that load no model (under a minute; no model is pulled)"
 	@echo "make install - .venv with specrun and the default model pair (GPU=cuda|metal)"
-	@echo "make lint    - ruff + mypy"
+	@echo "make lint    - ruff check, ruff format --check, mypy (strict on spec/ and llama/)"
 	@echo "make bench   - the built-in benchmark suite on the default pair"
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile $(wildcard patches/*.patch) scripts/build-llama.sh
+# The environment without the models: what test-fast and lint need.
+$(DEPS): pyproject.toml Makefile $(wildcard patches/*.patch) scripts/build-llama.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# llama-cpp-python ships as source only: built here from its sdist with our patches and CMake
 	@# flags (no cached wheel, which may lack them), again only when the pin, flags or patches change.
@@ -51,6 +54,9 @@ $(STAMP): pyproject.toml Makefile $(wildcard patches/*.patch) scripts/build-llam
 	fi
 	@echo "installing specrun and its pinned dependencies"
 	$(BIN)/python -m pip install --quiet -e '.[dev,plot]'
+	touch $@
+
+$(STAMP): $(DEPS)
 	$(BIN)/specrun models pull $(PAIR)
 	touch $@
 
@@ -60,9 +66,14 @@ run: install
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: install
-	$(BIN)/ruff check src tests
+test-fast: $(DEPS)
+	$(BIN)/python -m pytest -q -m "not models and not slow" $(PYTEST_ARGS)
+
+lint: $(DEPS)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy src/specrun
+	$(BIN)/mypy --strict src/specrun/spec src/specrun/llama
 
 # Sized to finish in under 10 minutes on 2 CPU cores for the default pair.
 bench: install

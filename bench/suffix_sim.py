@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specrun.spec.lookup import PromptLookup
-from specrun.spec.policy import AutoPolicy, FixedPolicy
+from specrun.spec.policy import AutoPolicy, FixedPolicy, StepReport
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SuffixLookup
 
@@ -49,8 +49,7 @@ def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 
             passes += 1
             drafted += len(drafts)
             accepted += m
-            policy.observe(name if drafts else "none", len(drafts), m, 0.0, v * t1)
-            policy.observe_tokens(new)
+            policy.observe(StepReport(name if drafts else "none", len(drafts), m, 0.0, v * t1, new))
             tokens += new
             i += len(new)
         policy.finish(tokens)

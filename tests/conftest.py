@@ -32,6 +32,17 @@ GEMMA_DRAFT = "gemma-3-270m-q4_k_m"
 
 THREADS = int(os.environ.get("SPECRUN_TEST_THREADS", "2"))
 
+# A test that takes one of these fixtures loads (or pulls) a real model: it gets the `models`
+# marker, so `make test-fast` (-m "not models and not slow") leaves it out. A test that runs the
+# command line on a real model without them says @pytest.mark.models itself.
+MODEL_FIXTURES = {"model_path", "smol_target", "smol_draft", "gemma_target", "gemma_draft", "pairs", "self_draft"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.models)
+
 
 @pytest.fixture(scope="session")
 def registry():

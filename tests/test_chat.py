@@ -9,12 +9,12 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specrun.chat import ChatError, ChatSession, common_prefix, handle_command, read_message
-from specrun.spec.engine import Result, SpecConfig, Step
+from specrun.spec.engine import Engine, SpecConfig
 from specrun.spec.sampling import SamplingParams
-from specrun.spec.stats import SpecStats
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -26,20 +26,41 @@ SPECIAL = {"<|im_start|>": 3, "<|im_end|>": 2}
 
 
 class FakeTarget:
-    """One token per character (id 100 + ord), two special tokens; BOS = 1."""
+    """A fake Model for the real Engine: one token per character (id 100 + ord), two special
+    tokens, BOS = 1; it keeps its KV cache record as llama.model.Model does, and its logits
+    spell the reply the test scripted for the current generation, then <|im_end|> (EOS)."""
 
     path = Path("fake.gguf")
     bos, eos = 1, 2
+    n_vocab = 256
+    n_batch = 512
+    n_outputs_max = 65
+    can_truncate = True
+    is_recurrent = False
+    single_rows = False
 
     def __init__(self, n_ctx: int = 400, template: str | None = CHATML) -> None:
         self.n_ctx = n_ctx
         self.template = template
+        self.held: list[int] = []
+        self.reply: list[int] = []
+        self.start = 0  # where the current generation's reply begins
+        self.fail_at: int | None = None
+        self.llama_seconds = 0.0
+        self._rows: list[np.ndarray] = []
+
+    @property
+    def cached(self) -> list[int]:
+        return self.held
 
     def chat_template(self) -> str | None:
         return self.template
 
     def token_text(self, t: int) -> bytes:
         return {1: b"<s>", 2: b"<|im_end|>", 3: b"<|im_start|>"}.get(t, b"")
+
+    def is_eog(self, t: int) -> bool:
+        return t == 2
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         out = [1] if add_special else []
@@ -58,44 +79,54 @@ class FakeTarget:
     def piece(self, t: int) -> bytes:
         return chr(t - 100).encode() if t >= 100 else b""
 
+    def decode(self, tokens, pos0: int, logits_from: int | None = None) -> None:
+        assert pos0 <= len(self.held), (pos0, len(self.held))
+        del self.held[pos0:]
+        self.held.extend(tokens)
+        self._rows = []
+        for j in range(logits_from if logits_from is not None else len(tokens), len(tokens)):
+            i = pos0 + j + 1 - self.start  # the reply token this row predicts
+            if self.fail_at is not None and i == self.fail_at:
+                raise KeyboardInterrupt  # a hard interrupt inside the engine
+            row = np.zeros(self.n_vocab, np.float32)
+            row[self.reply[i] if 0 <= i < len(self.reply) else 2] = 10.0
+            self._rows.append(row)
 
-class FakeEngine:
-    """Yields one target token per step from scripted replies; keeps the cache mirror the real
-    engine keeps (all but the pending last token) and counts prefill the same way."""
+    def logits(self, row: int) -> np.ndarray:
+        return self._rows[row]
 
-    mode = "draft"
-    draft_model = None
+    def truncate(self, n_keep: int) -> None:
+        del self.held[n_keep:]
+
+    def clear(self) -> None:
+        self.held = []
+
+
+class FakeEngine(Engine):
+    """The real Engine (plain decoding) on the fake target, which replies from a script; it
+    records the prompts it was given and its resets."""
 
     def __init__(self, target: FakeTarget, replies: list[str], fail_at: int | None = None) -> None:
-        self.target = target
-        self.config = SpecConfig(mode="draft", draft_max=4)
+        super().__init__(target, None, SpecConfig(mode="none"))  # type: ignore[arg-type]
         self.replies = list(replies)
         self.prompts: list[list[int]] = []
-        self.cached: list[int] = []
         self.resets = 0
         self.fail_at = fail_at
 
-    def reset(self) -> None:
-        self.cached = []
-        self.resets += 1
+    @property
+    def cached(self) -> list[int]:
+        return self.target.cached  # type: ignore[return-value]
 
-    def generate(self, prompt, max_tokens=256, params=None, stop=(), reuse_cache=True):
-        prompt = list(prompt)
-        self.prompts.append(prompt)
-        st = SpecStats()
-        st.prefill_tokens = len(prompt) - min(common_prefix(self.cached, prompt), len(prompt) - 1)
-        self.cached = prompt[:-1]
-        tokens = [100 + ord(c) for c in self.replies.pop(0)][:max_tokens]
-        done: list[int] = []
-        for i, tok in enumerate(tokens):
-            if self.fail_at is not None and i == self.fail_at:
-                raise KeyboardInterrupt  # a hard interrupt inside the engine
-            done.append(tok)
-            self.cached = (prompt + done)[:-1]
-            st.record_pass("draft", 1, 0)
-            st.generated = len(done)
-            yield Step([tok], [False], chr(tok - 100), "draft", 1, 0, st)
-        yield Result("".join(chr(t - 100) for t in done), done, "eos", len(prompt), st, 0, "draft")
+    def reset(self) -> None:
+        self.resets += 1
+        super().reset()
+
+    def generate(self, prompt, max_tokens=256, params=None, stop=(), reuse_cache=True):  # type: ignore[override]
+        self.prompts.append(list(prompt))
+        t = self.target
+        t.reply = [100 + ord(c) for c in self.replies.pop(0)]
+        t.start, t.fail_at = len(prompt), self.fail_at
+        return super().generate(prompt, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=reuse_cache)
 
 
 def _session(replies, n_ctx=400, max_tokens=50, **kw):

@@ -137,16 +137,26 @@ def steps_of(engine, toks, **kw):
     return steps, result
 
 
-def test_all_drafts_accepted(smol_target, self_draft):
+def test_all_drafts_accepted(smol_target, self_draft, monkeypatch):
     toks = prompt_tokens(smol_target, "code")
     want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
     engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=4))
+    rows: list[int] = []
+    real_decode = self_draft.decode
+    monkeypatch.setattr(self_draft, "decode", lambda t, p, logits_from=None: (
+        rows.append(len(t)), real_decode(t, p, logits_from))[1])
     got = engine.run(toks, max_tokens=N, reuse_cache=False)
     assert got.tokens == want.tokens
     h = got.stats.histogram
     assert len(h) == 5 and h[4] >= 0.8 * sum(h), h  # nearly every pass accepted all 4
-    # Fully accepted passes leave the draft one token behind: it must catch up, not re-decode.
     assert got.stats.acceptance_rate > 0.9
+    # Fully accepted passes leave the draft one token behind: it must catch up, not re-decode.
+    # Each position of prompt + output is evaluated by the draft at most once; beyond that only
+    # the rows of rejected drafts (a rejected draft's last token is never evaluated, so at most
+    # one row each). One re-decoded row per pass would add ~N/5 rows.
+    rejected = got.stats.drafted - got.stats.accepted
+    assert sum(rows) <= len(toks) + len(got.tokens) - 1 + rejected, (sum(rows), len(toks), len(got.tokens), rejected)
+    assert sum(rows) >= len(toks) - 1 + len(got.tokens) - got.stats.target_passes
 
 
 def test_rejection_at_first_position(smol_target):

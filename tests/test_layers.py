@@ -19,8 +19,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
 
-APPLICATION = {"session", "chat", "probe", "bench", "chat_template"}
-BASE = {"errors", "paths", "__init__"}
+APPLICATION = {"session", "chat", "probe", "bench", "chat_template", "machine"}
+BASE = {"errors", "paths", "defaults", "__init__"}
 RANK = {"base": 0, "llama": 1, "spec": 2, "models": 2, "application": 3, "cli": 4, "server": 4, "entry": 5}
 
 

@@ -11,7 +11,7 @@ import pytest
 from specrun.spec import costmodel
 from specrun.spec.drafters import Proposal
 from specrun.spec.lookup import NgramCache, NgramIndex, PromptLookup
-from specrun.spec.policy import AutoPolicy
+from specrun.spec.policy import PRIORS, AutoPolicy, StepReport
 from specrun.spec.sampling import SamplingParams
 
 
@@ -147,6 +147,11 @@ class FakeDraftModel:
         pass
 
 
+def plain(policy, sure: bool, t1: float = 0.02) -> None:
+    """A plain step whose target was (not) sure at its first position."""
+    policy.observe(StepReport("none", 0, 0, 0.0, t1, target_sure=sure))
+
+
 def drive(policy, steps, accept_rate, draft_step_s, t1, slope, rng, lookup_tokens=None):
     """Run the controller against a simulated target: verify time t1 * (1 + slope * (rows-1)),
     each draft position accepted with probability accept_rate."""
@@ -159,7 +164,7 @@ def drive(policy, steps, accept_rate, draft_step_s, t1, slope, rng, lookup_token
             n_acc += 1
         verify_s = t1 * (1 + slope * k)
         draft_s = draft_step_s * k if name == "draft" else 0.0
-        policy.observe(name, k, n_acc, draft_s, verify_s)
+        policy.observe(StepReport(name, k, n_acc, draft_s, verify_s))
         ks.append((name, k))
     return ks
 
@@ -228,12 +233,11 @@ def drive_two(policy, steps, rates, draft_step_s, t1, slope, rng):
         while n_acc < k and rng.random() < rates.get(name, 0.0):
             n_acc += 1
         draft_s = draft_step_s * k if name == "draft" else 0.0
-        policy.observe(name, k, n_acc, draft_s, t1 * (1 + slope * k))
         if name == "lookup":
             produced = [2] * n_acc + [3]
         else:
             produced = [2 if rng.random() < rates.get("lookup", 0.0) else 3 for _ in range(n_acc + 1)]
-        policy.observe_tokens(produced)
+        policy.observe(StepReport(name, k, n_acc, draft_s, t1 * (1 + slope * k), produced))
         names.append(name)
     return names
 
@@ -309,7 +313,7 @@ def test_a_draft_that_stopped_is_priced_per_decode():
     policy.costs.observe_verify(1, 0.02)
     policy._key, policy._asked = "draft", 4  # as after draft() asked the model for 4
     model.last_catch_up = (1, 0.005)
-    policy.observe("draft", 1, 1, 2 * 0.005, 0.025)  # asked for more, proposed 1: 2 decodes
+    policy.observe(StepReport("draft", 1, 1, 2 * 0.005, 0.025))  # asked for more, proposed 1: 2 decodes
     assert policy.costs.draft_step == pytest.approx(0.005)
 
 
@@ -326,20 +330,18 @@ def test_declined_lookup_is_scored_against_what_the_target_said():
     name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
     assert name == "none" and len(prop) == 0
     before = policy._acc(key).estimate()[0]
-    policy.observe(name, 0, 0, 0.0, 0.016)
-    policy.observe_tokens([2])  # the target said exactly what lookup offered (FakeLookup: 2s)
+    policy.observe(StepReport(name, 0, 0, 0.0, 0.016, [2]))  # the target said exactly what lookup offered (FakeLookup: 2s)
     assert policy._acc(key).estimate()[0] > before
     chosen = []
     for _ in range(20):
         name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
-        policy.observe(name, len(prop), len(prop), 0.0, 0.016 * (1 + 0.15 * len(prop)))
-        policy.observe_tokens([2] * (len(prop) + 1))
+        policy.observe(StepReport(name, len(prop), len(prop), 0.0, 0.016 * (1 + 0.15 * len(prop)), [2] * (len(prop) + 1)))
         chosen.append(name)
     assert chosen[-10:] == ["lookup"] * 10
     # ... and a miss lowers it the same way.
     policy._declined = (key, [2, 2, 2])
     before = policy._acc(key).estimate()[0]
-    policy.observe_tokens([5])
+    policy.observe(StepReport("none", 0, 0, 0.0, 0.016, [5]))
     assert policy._acc(key).estimate()[0] < before
 
 
@@ -371,10 +373,9 @@ def test_auto_counts_draft_attempts_that_propose_nothing():
         k = len(prop)
         draft_s = c * max(k, 1) if name == "draft" else 0.0
         if name == "draft" and k == 0:
-            policy.observe("none", 0, 0, 0.0, t1)
-            policy.observe_declined("draft", draft_s)
+            policy.observe(StepReport("none", 0, 0, draft_s, t1, declined="draft"))
         else:
-            policy.observe(name, k, k, draft_s, t1 * (1 + 0.1 * k))
+            policy.observe(StepReport(name, k, k, draft_s, t1 * (1 + 0.1 * k)))
         attempts.append(name == "draft")
     assert sum(attempts[200:]) <= 200 / 8, sum(attempts[200:])
 
@@ -388,10 +389,10 @@ def test_draft_catch_ups_are_capped():
     policy = AutoPolicy(8, None, model)
     drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
     probes = model.windows[-4:]  # the first drafts are chosen (the prior pays); then probes
-    assert probes and all(w == AutoPolicy.PROBE_WINDOW for w in probes)
+    assert probes and all(w == PRIORS.probe_window for w in probes)
     model.windows.clear()
     drive(policy, 600, accept_rate=0.95, draft_step_s=0.001, t1=0.016, slope=0.05, rng=rng)
-    assert model.windows[-50:] == [AutoPolicy.CATCH_UP_WINDOW] * 50
+    assert model.windows[-50:] == [PRIORS.catch_up_window] * 50
 
 
 def test_a_long_catch_up_is_not_the_drafts_price():
@@ -402,7 +403,7 @@ def test_a_long_catch_up_is_not_the_drafts_price():
     policy.costs.observe_verify(1, 0.02)
     policy.draft([0] * 10, 4, SamplingParams(), np.random.default_rng(0), True)
     model.last_catch_up = (40, 0.2)  # 40 rows at 5 ms
-    policy.observe("draft", 4, 4, 0.2 + 3 * 0.005, 0.03)
+    policy.observe(StepReport("draft", 4, 4, 0.2 + 3 * 0.005, 0.03))
     assert policy.costs.draft_step == pytest.approx((0.005 + 3 * 0.005) / 4)
 
 
@@ -413,10 +414,10 @@ def test_reset_starts_cold():
     policy = AutoPolicy(8, None, FakeDraftModel())
     fresh = policy._acc("draft").estimate()
     drive(policy, 300, accept_rate=0.02, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
-    assert policy._acc("draft").estimate()[0] < 0.3 and policy._probe_every > AutoPolicy.PROBE_MIN
+    assert policy._acc("draft").estimate()[0] < 0.3 and policy._probe_every > PRIORS.probe_min
     policy.reset()
     assert policy._acc("draft").estimate() == fresh
-    assert policy._probe_every == AutoPolicy.PROBE_MIN and policy.costs.draft_step is None
+    assert policy._probe_every == PRIORS.probe_min and policy.costs.draft_step is None
     assert policy.draft([0] * 10, 8, SamplingParams(), rng, True)[0] == "draft"
 
 
@@ -431,9 +432,8 @@ def test_a_probe_that_gets_nothing_ends_a_burst():
     policy._since = 1
     name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
     assert name == "draft" and policy._probing
-    policy.observe("none", 0, 0, 0.0, 0.016)
-    policy.observe_declined("draft", 0.004)
-    assert policy._probe_every >= AutoPolicy.PROBE_MIN
+    policy.observe(StepReport("none", 0, 0, 0.004, 0.016, declined="draft"))
+    assert policy._probe_every >= PRIORS.probe_min
 
 
 def test_cost_model_prices_a_draft_that_stops_where_unsure():
@@ -454,7 +454,7 @@ def test_cost_model_prices_a_draft_that_stops_where_unsure():
     want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(a * b for a, b in zip(p, cost, strict=True))
     assert costmodel.attempt_speedup(cum, 2, c, v, go=q) == pytest.approx(want2)
     sure = [1.0] * 4
-    assert costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1] < AutoPolicy.MARGIN
+    assert costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1] < PRIORS.margin
     assert costmodel.best_k(cum, 0.3, costmodel.linear_verify_cost(0.16), 4, go=0.9)[0] >= 3
 
 
@@ -469,20 +469,18 @@ def test_the_targets_confidence_stands_in_for_the_drafts():
     policy.costs.observe_verify(1, 0.02)
     policy.costs.observe_verify(5, 0.033)
     for _ in range(40):
-        policy.observe_confidence(False)
+        plain(policy, sure=False)
     names = []
     for _ in range(60):
         name, prop = policy.draft([0] * 10, 4, SamplingParams(), rng, True)
         names.append(name)
-        policy.observe(name, 0, 0, 0.0, 0.02)
-        policy.observe_confidence(rng.random() < 0.15)
+        policy.observe(StepReport(name, 0, 0, 0.0, 0.02, target_sure=bool(rng.random() < 0.15)))
     assert "draft" not in names and model.proposed == []
     for _ in range(30):  # the text turns sure: plain steps report it, the draft is back
         name, prop = policy.draft([0] * 10, 4, SamplingParams(), rng, True)
         if name == "draft":
             break
-        policy.observe(name, 0, 0, 0.0, 0.02)
-        policy.observe_confidence(True)
+        policy.observe(StepReport(name, 0, 0, 0.0, 0.02, target_sure=True))
     assert name == "draft"
 
 
@@ -502,14 +500,14 @@ def test_the_draft_is_retried_only_where_it_could_pay_for_the_retry():
         policy._acc("draft").update(2, 0)
     policy.stop.p = policy.stop_slow.p = policy.go_on.p = 0.5
     s_whole = policy._draft_best(v, 4, sure=True)[1]
-    assert AutoPolicy.MARGIN < s_whole < AutoPolicy.PROBE_BAR
+    assert PRIORS.margin < s_whole < PRIORS.probe_bar
     policy._since = 1000
     assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "none"
     policy.stop.p = 0.1  # the fast estimate dips; the slow one has not moved
     policy._since = 1000
     assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "none"
     for _ in range(60):  # the text turned sure: the slow estimate follows within ~60 tokens
-        policy.observe_confidence(True)
+        plain(policy, sure=True)
     assert policy.stop_slow.p < 0.2
     policy._since = 1000
     assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "draft"
@@ -535,10 +533,10 @@ def test_a_catch_up_owed_is_priced_when_choosing_the_draft():
     tokens = [0] * 40
     model.n_cached = 39  # caught up
     k, s = policy._draft_best(v, 4, tokens=tokens)
-    assert k > 0 and AutoPolicy.MARGIN < s < 1.4
+    assert k > 0 and PRIORS.margin < s < 1.4
     assert policy.draft(tokens, 4, SamplingParams(), rng, True)[0] == "draft"
     model.n_cached = 10  # 30 tokens behind: a 16-row catch-up owed
-    assert policy._draft_best(v, 4, tokens=tokens)[1] < AutoPolicy.MARGIN
+    assert policy._draft_best(v, 4, tokens=tokens)[1] < PRIORS.margin
     assert policy.draft(tokens, 4, SamplingParams(), rng, True)[0] == "none"
     for _ in range(40):  # right nearly always: worth its catch-up
         policy._acc("draft").update(4, 4)
@@ -554,7 +552,7 @@ def test_the_draft_goes_on_in_stretches():
     acc = costmodel.geometric(0.97, 4)
     same = costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3)
     assert same == costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3, go_on=0.3)
-    assert same < AutoPolicy.MARGIN
+    assert same < PRIORS.margin
     assert costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3, go_on=0.95) > 1.15
     # go = go_on = 1: the closed form
     assert abs(costmodel.attempt_speedup(acc, 4, 0.25, v, go=1.0, go_on=1.0)
@@ -564,15 +562,15 @@ def test_the_draft_goes_on_in_stretches():
 def test_go_on_is_learnt_from_sure_steps_and_the_drafts_runs():
     policy = AutoPolicy(4, None, FakeDraftModel())
     for sure in [True, True, False, True, False, False, True, True] * 10:
-        policy.observe_confidence(sure)  # after a sure step: sure 2 times in 4
+        plain(policy, sure=sure)  # after a sure step: sure 2 times in 4
     assert 0.3 < policy.go_on.p < 0.7
     policy._asked = 4
     for _ in range(20):  # the draft proposes its whole K: it went on past 3 positions each time
-        policy.observe("draft", 4, 4, 0.02, 0.03)
+        policy.observe(StepReport("draft", 4, 4, 0.02, 0.03))
     assert policy.go_on.p > 0.9
     policy._asked = 4
     for _ in range(20):  # it stops after one token each time
-        policy.observe("draft", 1, 1, 0.01, 0.03)
+        policy.observe(StepReport("draft", 1, 1, 0.01, 0.03))
     assert policy.go_on.p < 0.1
 
 
@@ -582,8 +580,8 @@ def test_a_match_length_borrows_from_the_others():
     policy = AutoPolicy(4, FakeLookup(), None)
     for _ in range(10):
         policy._acc("lookup:4").update(4, 4)
-    assert policy._lookup_prior("lookup:1") > 0.8 > AutoPolicy.PRIOR_ACCEPT_LOOKUP_1
+    assert policy._lookup_prior("lookup:1") > 0.8 > PRIORS.accept_lookup_1
     for _ in range(30):
         policy._acc("lookup:4").update(4, 0)
-    assert policy._lookup_prior("lookup:2") < 0.3 < AutoPolicy.PRIOR_ACCEPT["lookup"]
-    assert policy._lookup_prior("lookup:4") == AutoPolicy.PRIOR_ACCEPT["lookup"]  # not itself
+    assert policy._lookup_prior("lookup:2") < 0.3 < PRIORS.accept_lookup
+    assert policy._lookup_prior("lookup:4") == PRIORS.accept_lookup  # not itself

@@ -224,6 +224,10 @@ class MemoTarget:
     def __getattr__(self, name: str):
         return getattr(self.model, name)
 
+    @property
+    def cached(self) -> list[int]:
+        return self.held
+
     def decode(self, tokens, pos0: int, logits_from: int | None = None) -> None:
         if not tokens:
             return
@@ -395,8 +399,7 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
                  smol_target.tokenize(PROMPTS["story"], add_special=True), code):
         engine = Engine(smol_target, smol_draft, SpecConfig(mode="auto", draft_max=4, draft_p_min=0.6))
         pol = engine.policy
-        orig_draft, orig_conf = pol.draft, pol.observe_confidence
-        orig_obs, orig_dec = pol.observe, pol.observe_declined
+        orig_draft, orig_obs = pol.draft, pol.observe
 
         def step() -> dict:
             """The step under way (the last ones of a run skip policy.draft: nothing to draft)."""
@@ -408,19 +411,14 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
             step()
             return orig(*a)
 
-        def conf(sure, orig=orig_conf):
-            step()["conf"] += 1
-            orig(sure)
+        def obs(report, orig=orig_obs):
+            s = step()
+            s["name"] = report.drafter
+            s["conf"] += report.target_sure is not None
+            s["declined"] = report.declined is not None
+            orig(report)
 
-        def obs(name, k, n_acc, ds, vs, orig=orig_obs):
-            step()["name"] = name
-            orig(name, k, n_acc, ds, vs)
-
-        def dec(name, ds, orig=orig_dec):
-            steps[-1]["declined"] = True
-            orig(name, ds)
-
-        pol.draft, pol.observe_confidence, pol.observe, pol.observe_declined = draft, conf, obs, dec
+        pol.draft, pol.observe = draft, obs
         engine.run(toks, max_tokens=64, params=GREEDY, reuse_cache=False)
     kinds = Counter("declined" if s["declined"] else s["name"] for s in steps)
     assert kinds["lookup"] and kinds["none"] and kinds["draft"] and kinds["declined"], kinds

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.spec.policy import AutoPolicy
+from specrun.spec.policy import AutoPolicy, StepReport
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
 
@@ -214,10 +214,10 @@ def test_auto_prices_the_suffix_drafter_per_bucket_and_drafts_long():
         k = len(prop)
         if name == "lookup":
             assert policy._key == "lookup:" + d.bucket()
-            policy.observe(name, k, k, 0.0, 0.016 * (1 + 0.1 * k))
+            policy.observe(StepReport(name, k, k, 0.0, 0.016 * (1 + 0.1 * k)))
             seq = seq + prop.tokens + [text[(len(seq) + k - 61) % 60]]
         else:
-            policy.observe(name, 0, 0, 0.0, 0.016)
+            policy.observe(StepReport(name, 0, 0, 0.0, 0.016))
             seq = seq + [text[(len(seq) - 61) % 60]]
         ks.append(k)
     assert max(ks) > 4
@@ -264,5 +264,5 @@ def test_the_draft_model_keeps_its_own_k_under_lookups_longer_cap():
     auto.prefill([1, 2, 3])
     for _ in range(20):
         name, prop = auto.draft([1, 2, 3], 16, P, RNG, True)
-        auto.observe(name, len(prop), len(prop), 0.001 * len(prop), 0.02)
+        auto.observe(StepReport(name, len(prop), len(prop), 0.001 * len(prop), 0.02))
     assert auto_model.asked and max(auto_model.asked) <= 4

@@ -27,7 +27,6 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specrun import defaults, machine
 from specrun.errors import SpecrunError, UsageError
 from specrun.session import calibrate_auto
 from specrun.spec.costmodel import expected_tokens
@@ -199,8 +199,9 @@ class Skipped:
 
 
 def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequence[int],
-                  draft_min: int = 0, draft_p_min: float = 0.0, verify: str = "rejection",
-                  lookup_min: int = 1, lookup_max: int = 4,
+                  draft_min: int = defaults.DRAFT_MIN, draft_p_min: float = defaults.DRAFT_P_MIN,
+                  verify: str = defaults.VERIFY, lookup_min: int = defaults.LOOKUP_MIN,
+                  lookup_max: int = defaults.LOOKUP_MAX,
                   ) -> tuple[list[tuple[Config, Engine]], list[Skipped]]:
     """One Engine per configuration over the same loaded models. A mode the engine refuses for
     this pair (unknown, needs a draft model that is not loaded, ...) is skipped with its reason."""
@@ -589,29 +590,9 @@ def markdown(rows: Sequence[Row], columns: Sequence[str], header: str) -> str:
 
 
 def machine_info(models: Sequence[Any]) -> dict[str, Any]:
-    from specrun import __version__
-    from specrun.llama.backend import llama_cpp_version, physical_cores, system_info
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    llama_version = llama_cpp_version()
-    return {
-        "cpu": cpu,
-        "physical_cores": physical_cores(),
-        "logical_cpus": os.cpu_count(),
+    """machine.machine_info, with the threads each model runs and the date of the run."""
+    return machine.machine_info() | {
         "threads": [getattr(m, "n_threads", None) for m in models],
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "specrun": __version__,
-        "llama_cpp_python": llama_version,
-        "llama_cpp_system_info": system_info(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 

@@ -18,7 +18,7 @@ Nothing here reads a terminal: ``chat_cli`` does the I/O, tests drive this direc
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ class ChatError(SpecrunError):
     pass
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -89,7 +89,6 @@ class ChatSession:
         self.transcript: list[dict[str, Any]] = []  # everything, for /save
         self.tokens: list[int] = []  # the conversation as both models saw it (prompt + reply)
         self._rendered = ""  # the template text that ``tokens`` stands for
-        self._cached: list[int] = []  # what the caches hold, by this session's account
         self.last: dict[str, Any] | None = None
         self.turn = 0
         d = engine.draft_model
@@ -186,9 +185,9 @@ class ChatSession:
         return toks, text, msgs, dropped
 
     def expected_prefill(self, prompt: list[int]) -> int:
-        """Tokens the engine will evaluate for ``prompt``: those not already in the caches
-        (the pending last token counted), by this session's own account of the caches."""
-        return len(prompt) - min(common_prefix(self._cached, prompt), len(prompt) - 1)
+        """Tokens the engine will evaluate for ``prompt``: those not already in the target's
+        cache (the pending last token counted), as the target's Model records it."""
+        return len(prompt) - min(common_prefix(self.engine.target.cached, prompt), len(prompt) - 1)
 
     # -- a turn ---------------------------------------------------------------------------
     def respond(self, user_text: str) -> Iterator[Step | Result]:
@@ -228,7 +227,6 @@ class ChatSession:
             if state == "error":
                 # Stopped inside the engine: its cache mirror may be off. Start the caches clean.
                 self.engine.reset()
-                self._cached = []
                 self.tokens, self._rendered = [], ""
             if state != "error" or out or parts:
                 self._record(user_text, prompt, text, msgs, out, "".join(parts), result, stats,
@@ -242,7 +240,6 @@ class ChatSession:
         if state != "error":  # after an error the caches were emptied and tokens forgotten
             full = prompt + out
             self.tokens, self._rendered = full, text + reply
-            self._cached = full[:-1]  # the engine keeps the last token pending
         interrupted = state != "done" and result is None
         finish = result.finish_reason if result is not None else "interrupted"
         st = result.stats if result is not None else stats

@@ -8,19 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specrun import defaults
 from specrun.errors import IncompatiblePairError, ModelError, UsageError
 from specrun.models.registry import ProgressFn, Registry, ResolvedModel
 from specrun.spec.engine import MAX_DRAFT, Engine, SpecConfig
 from specrun.spec.policy import AutoPolicy
 
-DEFAULT_CTX = 4096
-DEFAULT_DRAFT_MAX = 4
-# auto picks its K per step from measured costs, so its default cap only bounds that choice: the
-# pair's draft_max (tuned for the draft model alone), raised to this. Default pair, 128 tokens,
-# medians of 3 (bench/modes_compare.py): K <= 8 against K <= 4 went 1.49 -> 1.55x on code,
-# 1.44 -> 1.54x on a Stack class, 1.50 -> 1.54x on a code edit, 2.21 -> 2.36x on a summary,
-# 2.54 -> 2.99x on QA over a passage; a story 1.00 -> 0.98x (0.99 -> 0.98x in model time).
-AUTO_DRAFT_MAX = 8
+DEFAULT_CTX = defaults.CTX
+DEFAULT_DRAFT_MAX = defaults.DRAFT_MAX
+AUTO_DRAFT_MAX = defaults.AUTO_DRAFT_MAX
 MAX_CTX = (1 << 31) - 1  # llama.cpp's n_ctx is a uint32
 
 
@@ -33,13 +29,13 @@ class ModelOptions:
     model_draft: str | None = None
     hf_file: str | None = None  # -m is a hub repo and this its file (llama.cpp's --hf-file)
     hf_file_draft: str | None = None
-    mode: str = "auto"
+    mode: str = defaults.MODE
     draft_max: int | None = None  # None: the pair's draft_max, else DEFAULT_DRAFT_MAX (auto: >= 8)
-    draft_min: int = 0
-    draft_p_min: float = 0.6  # measured: fewer wasted draft steps at greedy on the default pair
-    verify: str = "rejection"
-    lookup_min: int = 1
-    lookup_max: int = 4
+    draft_min: int = defaults.DRAFT_MIN
+    draft_p_min: float = defaults.DRAFT_P_MIN
+    verify: str = defaults.VERIFY
+    lookup_min: int = defaults.LOOKUP_MIN
+    lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None
     ngl: int = -1  # -1: the layers that fit (--ngl auto); options.NGL_ALL: all of them
     ngl_draft: int = -1
@@ -47,10 +43,10 @@ class ModelOptions:
     ctx_draft: int | None = None  # None: same as the target's
     threads: int | None = None
     threads_draft: int | None = None
-    batch: int = 512
-    flash_attn: str = "auto"  # on|off|auto
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
+    batch: int = defaults.BATCH
+    flash_attn: str = defaults.FLASH_ATTN  # on|off|auto
+    cache_type_k: str = defaults.CACHE_TYPE
+    cache_type_v: str = defaults.CACHE_TYPE
     cache_type_k_draft: str | None = None  # None: as the target's
     cache_type_v_draft: str | None = None
     mem_check: bool = True

@@ -12,7 +12,7 @@ import typer
 
 from specrun import bench as B
 from specrun.chat_template import encode_chat
-from specrun.cli.common import Streams, err_console, load_engine
+from specrun.cli.common import Streams, console, err_console, load_engine
 from specrun.cli.options import model_options, sampling_options
 from specrun.errors import UsageError
 
@@ -82,15 +82,14 @@ def bench(
         result.skipped = skipped
         rows = B.summarize(result)
 
-        names = f"{loaded.plan.target.name}" + (f" + {loaded.plan.draft.name}" if draft is not None else "")
+        names = f"{loaded.plan.target.name}" + (f" + {loaded.plan.draft.name}" if loaded.plan.draft is not None else "")
         n_prompts = len({(r.prompt_id, r.turn) for r in result.runs})
         title = (f"specrun bench: {names}; {where}, {n_prompts} prompts, -n {max_tokens}, "
                  f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {params.temp:g}"
                  + ("" if settings.params.greedy else f", seed {settings.params.seed}")
                  + f"; {result.wall_seconds:.0f} s")
-        from rich.console import Console
 
-        out = Console(file=sys.stdout, highlight=False, width=None if streams.stdout_tty else 200)
+        out = console(stderr=False, file=sys.stdout, width=None if streams.stdout_tty else 200)
         out.print(rich_table(rows, result.columns, title=title))
         sys.stdout.flush()
         busy = result.busy_warning()

@@ -25,10 +25,17 @@ class Streams:
         return cls(sys.stdout.isatty(), sys.stderr.isatty())
 
 
-def err_console() -> Any:
+def console(*, stderr: bool = True, **kw: Any) -> Any:
+    """Every Rich console specrun draws on comes from here: stderr unless told, numbers not
+    highlighted (``kw``: Rich's own, e.g. file, width, force_terminal)."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    kw.setdefault("highlight", False)
+    return Console(stderr=stderr, **kw)
+
+
+def err_console() -> Any:
+    return console()
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from specrun.cli.common import console
 from specrun.spec.engine import Result, Step
 
 if TYPE_CHECKING:
@@ -321,7 +322,6 @@ class LiveDisplay:
         clock: Callable[[], float] = time.perf_counter,
         mute_input: bool = True,
     ) -> None:
-        from rich.console import Console
         from rich.style import Style
 
         self.out = out or sys.stdout
@@ -338,8 +338,8 @@ class LiveDisplay:
         self._text_interval = 1.0 / text_hz
         self._footer_interval = 1.0 / footer_hz
         self._clock = clock
-        self.console: Console = Console(file=self.err, force_terminal=True, no_color=not color,
-                                        highlight=False, emoji=False, width=width)
+        self.console: Console = console(file=self.err, force_terminal=True, no_color=not color,
+                                        emoji=False, width=width)
         cs = self.console._color_system if color else None
         styles = {True: Style.parse(DRAFT_STYLE), False: Style.parse(TARGET_STYLE)}
         self._sgr: dict[bool, tuple[str, str]] = {}

@@ -7,7 +7,6 @@ headers, compatibility from a vocabulary-only load (milliseconds).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import replace
 from importlib import metadata
@@ -17,6 +16,7 @@ import typer
 
 from specrun.cli.options import model_options
 from specrun.errors import ModelError, SpecrunError
+from specrun.machine import machine_info
 
 
 def register(app: typer.Typer) -> None:
@@ -49,22 +49,6 @@ def build_info() -> dict[str, Any]:
         "batch_exact_cpu": runtime.batch_exact_cpu(),
         "batched_q8_0_kernel": "SPECRUN_COLS = 1" in sysinfo,
         "devices": [d.__dict__ for d in devs],
-    }
-
-
-def machine_info() -> dict[str, Any]:
-    from specrun.llama.backend import cpu_name, physical_cores
-    from specrun.models.memory import host_memory
-
-    mem = host_memory()
-    return {
-        "cpu": cpu_name(),
-        "physical_cores": physical_cores(),
-        "logical_cpus": os.cpu_count(),
-        "ram_total": mem.total,
-        "ram_available": mem.available,
-        "swap_free": mem.swap_free,
-        "default_threads": physical_cores(),
     }
 
 

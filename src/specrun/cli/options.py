@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from specrun import defaults as D
 from specrun.errors import UsageError
 
 P_MODELS, P_SPEC, P_PLACE, P_SAMPLE = "Models", "Speculation", "Placement", "Sampling"
@@ -39,25 +40,25 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
     ("hf_file", str | None, _opt("-hff", "--hf-file", help="The file of the -hf repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE", metavar="FILE"), None),
     ("hf_repo_draft", str | None, _opt("-hfd", "-hfrd", "--hf-repo-draft", help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).", panel=P_MODELS, envvar="SPECRUN_HF_REPO_DRAFT", metavar="USER/REPO[:QUANT]"), None),
     ("hf_file_draft", str | None, _opt("-hffd", "--hf-file-draft", help="The file of the -hfd repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE_DRAFT", metavar="FILE"), None),
-    ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC, envvar="SPECRUN_MODE"), "auto"),
+    ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC, envvar="SPECRUN_MODE"), D.MODE),
     ("spec_type", str | None, _opt("--spec-type", help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.", panel=P_SPEC, envvar="SPECRUN_SPEC_TYPE", metavar="TYPE[,TYPE]"), None),
     ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MAX"), None),
-    ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MIN"), 0),
-    ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_P_MIN"), 0.6),
-    ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC, envvar="SPECRUN_VERIFY"), "rejection"),
-    ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MIN"), 1),
-    ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MAX"), 4),
+    ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MIN"), D.DRAFT_MIN),
+    ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_P_MIN"), D.DRAFT_P_MIN),
+    ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC, envvar="SPECRUN_VERIFY"), D.VERIFY),
+    ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MIN"), D.LOOKUP_MIN),
+    ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MAX"), D.LOOKUP_MAX),
     ("lookup_cache", str | None, _opt("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_CACHE"), None),
     ("ngl", str, _opt("--ngl", "-ngl", help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL", metavar="N|auto|all"), "auto"),
     ("ngl_draft", str, _opt("--ngl-draft", "-ngld", help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL_DRAFT", metavar="N|auto|all"), "auto"),
-    ("ctx", int, _opt("--ctx", "-c", help="Target context size in tokens (also --ctx-size).", panel=P_PLACE, envvar="SPECRUN_CTX"), 4096),
+    ("ctx", int, _opt("--ctx", "-c", help="Target context size in tokens (also --ctx-size).", panel=P_PLACE, envvar="SPECRUN_CTX"), D.CTX),
     ("ctx_draft", int | None, _opt("--ctx-draft", "-cd", help="Draft context size (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CTX_DRAFT"), None),
     ("threads", int | None, _opt("--threads", "-t", help="CPU threads for the target (default: physical cores).", panel=P_PLACE, envvar="SPECRUN_THREADS"), None),
     ("threads_draft", int | None, _opt("--threads-draft", "-td", help="CPU threads for the draft (default: as --threads).", panel=P_PLACE, envvar="SPECRUN_THREADS_DRAFT"), None),
-    ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE, envvar="SPECRUN_BATCH_SIZE"), 512),
-    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE, envvar="SPECRUN_FLASH_ATTN"), "auto"),
-    ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K"), "f16"),
-    ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V"), "f16"),
+    ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE, envvar="SPECRUN_BATCH_SIZE"), D.BATCH),
+    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE, envvar="SPECRUN_FLASH_ATTN"), D.FLASH_ATTN),
+    ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K"), D.CACHE_TYPE),
+    ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V"), D.CACHE_TYPE),
     ("cache_type_k_draft", str | None, _opt("--cache-type-k-draft", "-ctkd", help="Draft KV cache type for K (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K_DRAFT"), None),
     ("cache_type_v_draft", str | None, _opt("--cache-type-v-draft", "-ctvd", help="Draft KV cache type for V (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V_DRAFT"), None),
     ("mem_check", bool, _opt("--mem-check/--no-mem-check", help="Refuse to load models the memory estimate says will not fit.", panel=P_PLACE, envvar="SPECRUN_MEM_CHECK"), True),
@@ -65,10 +66,10 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
 ]
 
 SAMPLING_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    ("temp", float, _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"), 0.0),
-    ("top_k", int, _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"), 40),
-    ("top_p", float, _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"), 0.95),
-    ("min_p", float, _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"), 0.05),
+    ("temp", float, _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"), D.TEMP),
+    ("top_k", int, _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"), D.TOP_K),
+    ("top_p", float, _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"), D.TOP_P),
+    ("min_p", float, _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"), D.MIN_P),
     ("seed", int | None, _opt("--seed", "-s", help="Random seed (default: random, always reported).", panel=P_SAMPLE, envvar="SPECRUN_SEED"), None),
 ]
 

@@ -21,7 +21,7 @@ _log_verbose = False
 _log_capture: list[str] | None = None  # llama.cpp's log lines while a model loads
 
 
-@ll.llama_log_callback
+@ll.llama_log_callback  # type: ignore[untyped-decorator]
 def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover
     line = text.decode("utf-8", errors="replace")
     if _log_capture is not None:
@@ -115,7 +115,7 @@ def deferred_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -
                 os.kill(os.getpid(), sig)
 
 
-@ll.llama_progress_callback
+@ll.llama_progress_callback  # type: ignore[untyped-decorator]
 def load_progress(progress: float, user_data: ctypes.c_void_p) -> bool:  # pragma: no cover
     """Returning False makes llama.cpp abandon the load: a signal arrived meanwhile."""
     return not _pending_signals
@@ -185,12 +185,13 @@ def supports_mlock() -> bool:
 
 def llama_cpp_version() -> str | None:
     """The llama-cpp-python version this process runs."""
-    return getattr(ll, "__version__", None)
+    v = getattr(ll, "__version__", None)
+    return None if v is None else str(v)
 
 
 def system_info() -> str:
     init_backend()
-    return ll.llama_print_system_info().decode("utf-8", errors="replace").strip()
+    return str(ll.llama_print_system_info().decode("utf-8", errors="replace").strip())
 
 
 def auto_flash_attn(n_gpu_layers: int, type_v: int | None) -> bool | None:

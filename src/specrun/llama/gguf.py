@@ -30,7 +30,7 @@ import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from specrun.errors import ModelError
 
@@ -276,17 +276,17 @@ class _Reader:
         self.pos += n
         return self.buf[off : off + n]
 
-    def unpack(self, st: struct.Struct, what: str) -> tuple:
+    def unpack(self, st: struct.Struct, what: str) -> tuple[Any, ...]:
         self.require(st.size, what)
         off = self._fill(st.size)
         self.pos += st.size
         return st.unpack_from(self.buf, off)
 
     def u32(self, what: str) -> int:
-        return self.unpack(_U32, what)[0]
+        return int(self.unpack(_U32, what)[0])
 
     def u64(self, what: str) -> int:
-        return self.unpack(_U64, what)[0]
+        return int(self.unpack(_U64, what)[0])
 
     def skip(self, n: int, what: str) -> None:
         self.require(n, what)

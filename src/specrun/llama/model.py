@@ -190,6 +190,9 @@ class Model:
         self._out_first = 0  # batch row of self._out[0]
         self._out_types = {}
         self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
+        # What the KV cache holds: the token at each position (as llama-cpp-python's Llama keeps
+        # input_ids[:n_tokens]). decode extends it, truncate and clear cut it; callers read it.
+        self._held: list[int] = []
 
         self.can_truncate = self._probe_truncate()
 
@@ -324,15 +327,30 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     # -- decoding ---------------------------------------------------------------------------
+    @property
+    def cached(self) -> Sequence[int]:
+        """The tokens the KV cache holds, by position (read only: ``decode``, ``truncate`` and
+        ``clear`` keep it)."""
+        return self._held
+
+    @property
+    def n_cached(self) -> int:
+        return len(self._held)
+
     def decode(self, tokens: Sequence[int], pos0: int, logits_from: int | None = None) -> None:
-        """Evaluate ``tokens`` at positions ``pos0..``; logits on rows ``logits_from..`` (relative
-        to ``tokens``), none when ``logits_from`` is None. Longer than n_batch: in chunks, and
-        then the rows asked for must all lie in the last chunk."""
+        """Evaluate ``tokens`` at positions ``pos0..`` (at most ``n_cached``: the cache is
+        contiguous, and positions from ``pos0`` on are replaced); logits on rows ``logits_from..``
+        (relative to ``tokens``), none when ``logits_from`` is None. Longer than n_batch: in
+        chunks, and then the rows asked for must all lie in the last chunk."""
         n = len(tokens)
         if n == 0:
             return
         if pos0 + n > self.n_ctx:
             raise SpecrunError(f"context full: {pos0 + n} tokens > n_ctx {self.n_ctx}")
+        if pos0 > len(self._held):
+            raise SpecrunError(f"decode at position {pos0}, but the cache holds {len(self._held)} tokens")
+        if pos0 < len(self._held):
+            self.truncate(pos0)
         if self.single_rows and n > 1:
             self._decode_rows(tokens, pos0, logits_from)
             return
@@ -364,6 +382,7 @@ class Model:
             self.llama_seconds += time.perf_counter() - t0
             if rc != 0:
                 raise SpecrunError(f"llama_decode failed (code {rc}) for {self.path.name}")
+            self._held.extend(tokens[start:end])
             start = end
         self._n_rows = m
         self._out = None
@@ -408,18 +427,23 @@ class Model:
         if out is not None:
             j = out.shape[0] + row if row < 0 else row - self._out_first
             if 0 <= j < out.shape[0]:
-                return out[j]
+                row_logits: np.ndarray = out[j]
+                return row_logits
         raise SpecrunError(f"no logits for row {row} of the last batch")
 
     def truncate(self, n_keep: int) -> None:
         """Drop every cached position >= n_keep (the rollback after a rejected draft)."""
+        if n_keep >= len(self._held):
+            return
         if not ll.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
             raise SpecrunError(
                 f"{self.path.name}: the KV cache cannot drop a tail (recurrent or hybrid model)"
             )
+        del self._held[n_keep:]
 
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
+        self._held.clear()
 
     def _probe_truncate(self) -> bool:
         """Whether this model's memory can drop a tail; recurrent/hybrid memories cannot."""

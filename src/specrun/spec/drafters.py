@@ -8,6 +8,7 @@ returns up to ``k`` tokens and, for a stochastic drafter, the distribution each 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -74,16 +75,14 @@ class DraftModel:
     def __init__(self, model: Model, p_min: float = 0.0) -> None:
         self.model = model
         self.p_min = p_min
-        self.n_cached = 0
-        self._cached: list[int] = []  # mirror of the cache content (SKIPPED: not in it)
-        self._pos: list[int] = []  # the cache position of each token of _cached (-1: skipped)
+        # The cache position of each of the engine's tokens the draft has taken in (-1: skipped);
+        # what sits at each position the Model records (model.cached).
+        self._pos: list[int] = []
         self.skipped = 0  # tokens skipped by windowed catch-ups (stats, tests)
         self.last_catch_up: tuple[int, float] = (0, 0.0)  # rows and seconds of the last catch-up
 
     def reset(self) -> None:
         self.model.clear()
-        self.n_cached = 0
-        self._cached = []
         self._pos = []
         self.last_catch_up = (0, 0.0)
 
@@ -98,19 +97,25 @@ class DraftModel:
     def _append(self, toks: list[int], logits_from: int | None) -> None:
         p0 = self._next_pos(self.n_cached)
         self.model.decode(toks, p0, logits_from=logits_from)
-        self._cached.extend(toks)
         self._pos.extend(range(p0, p0 + len(toks)))
-        self.n_cached += len(toks)
 
     def _cut(self, valid_len: int) -> None:
         """Keep ``tokens[:valid_len]`` (what of it the cache holds)."""
         self.model.truncate(self._next_pos(valid_len))
-        self.n_cached = valid_len
-        del self._cached[valid_len:]
         del self._pos[valid_len:]
 
+    @property
+    def n_cached(self) -> int:
+        """How many of the engine's tokens the draft has taken in (held or skipped)."""
+        return len(self._pos)
+
+    def held_tokens(self) -> list[int]:
+        """The engine's tokens as the draft holds them, by token index (SKIPPED where skipped)."""
+        held = self.model.cached
+        return [held[p] if p >= 0 else SKIPPED for p in self._pos]
+
     def prefill(self, tokens: list[int]) -> int:
-        keep = min(_common_prefix(self._cached, tokens), len(tokens) - 1)
+        keep = min(_common_prefix(self.held_tokens(), tokens), len(tokens) - 1)
         if keep < self.n_cached:
             self._cut(keep)
         todo = tokens[keep:-1]
@@ -130,9 +135,7 @@ class DraftModel:
         base = len(tokens)
         if window is not None and base - self.n_cached > max(window, 1):
             gap = base - max(window, 1) - self.n_cached
-            self._cached.extend([SKIPPED] * gap)
             self._pos.extend([-1] * gap)
-            self.n_cached += gap
             self.skipped += gap
         catch_up = tokens[self.n_cached:]
         t0 = time.perf_counter()
@@ -169,7 +172,7 @@ class DraftModel:
             self._cut(valid_len)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if n == 0:
         return 0

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specrun import defaults
 from specrun.errors import SpecrunError, UsageError
 from specrun.llama.model import Model
 from specrun.spec import sampling as S
 from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
-from specrun.spec.policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy
+from specrun.spec.policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
 from specrun.spec.stats import SpecStats
 from specrun.spec.textstream import TextStream
 
@@ -31,13 +32,13 @@ MAX_DRAFT = 64  # longest draft; the contexts keep MAX_DRAFT + 1 rows of logits
 
 @dataclass(frozen=True)
 class SpecConfig:
-    mode: str = "auto"
-    draft_max: int = 4
-    draft_min: int = 0
-    draft_p_min: float = 0.0
-    verify: str = "rejection"  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
-    lookup_min: int = 1
-    lookup_max: int = 4
+    mode: str = defaults.MODE
+    draft_max: int = defaults.DRAFT_MAX
+    draft_min: int = defaults.DRAFT_MIN
+    draft_p_min: float = defaults.DRAFT_P_MIN
+    verify: str = defaults.VERIFY  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
+    lookup_min: int = defaults.LOOKUP_MIN
+    lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None  # a file of earlier outputs kept across runs
     # "suffix": the suffix drafter (suffix.py; longest match in this text and earlier outputs,
     # ranked continuations); "ngram": the n-gram prompt lookup before it (lookup.py).
@@ -115,7 +116,6 @@ class Engine:
         self.k_cap = self.config.draft_max  # longest draft any drafter of this engine may propose
         if self.lookup is not None and self.config.lookup_kind == "suffix":
             self.k_cap = max(self.config.draft_max, self.config.lookup_draft_max)
-        self._target_cached: list[int] = []  # mirror of the target cache, for prefix reuse
 
     # -- set-up ---------------------------------------------------------------------------
     def resolve_mode(self, mode: str) -> str:
@@ -162,7 +162,7 @@ class Engine:
             assert lookup is not None and self.draft_model is not None
             return HybridPolicy(lookup, self.draft_model, cfg.draft_max)
         if mode == "auto":
-            return AutoPolicy(cfg.draft_max, lookup, self.draft_model)
+            return AutoPolicy(cfg.draft_max, lookup, self.draft_model, lookup_n_max=cfg.lookup_max)
         return NoDraft()
 
     def clear_store(self) -> None:
@@ -176,7 +176,6 @@ class Engine:
         """Forget both caches (bench: every run starts cold). The lookup store of earlier
         outputs stays (``clear_store``)."""
         self.target.clear()
-        self._target_cached = []
         if self.draft_model is not None:
             self.draft_model.reset()
         self.policy.reset()
@@ -256,22 +255,18 @@ class Engine:
                 verify_s = time.perf_counter() - t_verify
                 st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
                 st.record_pass(name, k_used, n_acc)
+                sure = None
                 if p_conf > 0.0 and name != "draft" and declined is None:
                     # The target's sureness at the step's first position: on plain steps and on
                     # lookup's too (or a lookup stretch froze the draft model's stop rate at what
                     # it was when the stretch began). Not after a declined draft: its stop at this
                     # very position is counted already, and counting the target's doubt there too
                     # inflated the stop rate in mixed stretches of code.
-                    policy.observe_confidence(not S.top_prob_below(target.logits(0), p_conf))
-                policy.observe(name, k_used, n_acc, t_verify - t_step, verify_s)
-                if declined is not None:
-                    policy.observe_declined(declined, t_verify - t_step)
-                policy.observe_tokens(new)
+                    sure = not S.top_prob_below(target.logits(0), p_conf)
+                policy.observe(StepReport(name, k_used, n_acc, t_verify - t_step, verify_s, new, declined, sure))
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc
-                if len(self._target_cached) > valid:
-                    target.truncate(valid)
-                    del self._target_cached[valid:]
+                target.truncate(valid)
                 policy.rollback(valid)
 
                 out_tokens: list[int] = []
@@ -338,19 +333,15 @@ class Engine:
         """Bring the target (and the drafter) to 'all but the last token evaluated'."""
         from specrun.spec.drafters import _common_prefix
 
-        keep = min(_common_prefix(self._target_cached, tokens), len(tokens) - 1)
-        if keep < len(self._target_cached):
-            self.target.truncate(keep)
+        keep = min(_common_prefix(self.target.cached, tokens), len(tokens) - 1)
+        self.target.truncate(keep)
         todo = tokens[keep:-1]
         self.target.decode(todo, keep)
-        self._target_cached = list(tokens[:-1])
         self.policy.prefill(tokens)
         return len(todo)
 
     def _rollback_to(self, valid: int) -> None:
-        if len(self._target_cached) > valid:
-            self.target.truncate(valid)
-            del self._target_cached[valid:]
+        self.target.truncate(valid)
         self.policy.rollback(valid)
 
     def _verify(
@@ -369,7 +360,6 @@ class Engine:
         base = len(tokens)
         batch = [tokens[-1], *drafts]
         target.decode(batch, base - 1, logits_from=0)
-        self._target_cached.extend(batch)
         new: list[int] = []
         for j in range(k + 1):
             logits = target.logits(j)

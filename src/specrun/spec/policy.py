@@ -18,9 +18,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specrun import defaults
 from specrun.spec import costmodel
 from specrun.spec import sampling as S
 from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One step, as the engine reports it to its policy (``Policy.observe``)."""
+
+    drafter: str  # whose draft the target verified: "draft", "lookup", or "none" (plain decoding)
+    k: int  # draft tokens verified
+    accepted: int  # of them, accepted
+    draft_s: float  # seconds spent drafting (a declined attempt's included)
+    verify_s: float  # seconds of the target pass over k + 1 rows
+    tokens: Sequence[int] = ()  # what the step committed (accepted drafts, then the target's own)
+    declined: str | None = None  # a drafter that ran but proposed too little to verify
+    # The target's top probability at the step's first position reached confidence_p() (asked
+    # on plain and lookup steps, not after a declined draft); None when not asked.
+    target_sure: bool | None = None
 
 
 class Policy:
@@ -30,23 +47,13 @@ class Policy:
               rng: np.random.Generator, greedy_draft: bool) -> tuple[str, Proposal]:
         raise NotImplementedError
 
-    def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
-        """What the last step cost and how much of its draft the target accepted."""
-
-    def observe_tokens(self, tokens: list[int]) -> None:
-        """The tokens the last step produced (accepted drafts and the target's own)."""
-
-    def observe_declined(self, name: str, draft_s: float) -> None:
-        """The drafter chosen for the last step ran but proposed too little to verify (the draft
-        model's first token fell under --draft-p-min): it cost ``draft_s`` and gave nothing."""
+    def observe(self, report: StepReport) -> None:
+        """What the last step did: the engine reports each step once, here."""
 
     def confidence_p(self) -> float:
-        """> 0: plain steps report whether the target's top probability reached this."""
+        """> 0: plain and lookup steps report whether the target's top probability at their first
+        position reached this (``StepReport.target_sure``)."""
         return 0.0
-
-    def observe_confidence(self, sure: bool) -> None:
-        """Whether the target was sure of the first token of a step that was not the draft
-        model's (plain or lookup; top probability >= p)."""
 
     def prefill(self, tokens: list[int]) -> None:
         for d in self.drafters:
@@ -95,6 +102,87 @@ class HybridPolicy(Policy):
         return self.model.name, self.model.propose(tokens, k, params, rng, greedy_draft)
 
 
+@dataclass(frozen=True)
+class AutoPriors:
+    """AutoPolicy's priors (what it assumes before measuring) and rates (how fast its estimates
+    move), in one place. Each was set by a benchmark; the note says which and what it showed.
+    Figures: SmolLM2-135M pairs on a 2-core CPU, bench/modes_compare.py, model time, unless said."""
+
+    # -- costs --------------------------------------------------------------------------------
+    # V(n) = 1 + slope (n - 1) before any pass is measured: V(5) ~ 1.4 on a 2-core CPU (DESIGN.md).
+    # A calibrated run (calibrate.py) replaces it at once.
+    verify_slope: float = 0.1
+    # A draft step relative to a target step, before one is measured: a re-quantized self-draft
+    # costs c ~ 0.25-0.5.
+    draft_cost: float = 0.35
+    # A measured draft step (calibration) counts as this many observations against draft_cost.
+    seen_weight: int = 4
+    # EMA rate of the measured pass and catch-up costs.
+    cost_alpha: float = 0.2
+
+    # -- acceptance ---------------------------------------------------------------------------
+    accept_draft: float = 0.6  # the draft model's per-position acceptance, unmeasured
+    accept_lookup: float = 0.5  # a lookup match of 2+ tokens
+    # A one-token match is weak evidence: on open-ended text its proposals were all rejected,
+    # and a 0.5 prior spent the first dozen steps learning that (1.9% of a story's time).
+    accept_lookup_1: float = 0.3
+    # Each draft ages every position's counts by this (an EMA in count form): per-position EMAs
+    # of the cumulative rate from a geometric 0.6 prior needed ~20 steps on a code prompt
+    # before the deep positions believed a draft accepted 98% of the time (K = 2-3 meanwhile).
+    accept_alpha: float = 0.15
+    # Lookup's estimates forget more slowly: where lookup is near break-even (a summary in the
+    # model's own words: its first token right ~30% of the time) a fast estimate crossed the line
+    # on a lucky streak and bet on it. Summary 2.175x -> 2.261x, the bench's summary turn 0.960
+    # -> 0.968 of the target, its math turn 1.194x -> 1.173x, QA, a code edit, RAG, translation,
+    # code and the story within 0.5%.
+    lookup_alpha: float = 0.08
+    prior_n: float = 2.0  # a prior counts as this many observations (one early miss lowers it)
+    shrink_n: float = 2.0  # a position's own rate weighs against the others' as if from this many
+
+    # -- the draft model's stops under --draft-p-min ----------------------------------------------
+    stop: float = 0.2  # it stops at its first position (top probability under --draft-p-min)
+    go_on: float = 0.8  # ... and goes on past a later one, having proposed the one before
+    stop_alpha: float = 0.15  # EMA rate of the stop and go-on estimates after the first few
+    # The probe gate's slower stop rate: sd ~0.07 on a story, ~25 tokens to turn. At the fast
+    # rate (sd ~0.14) its dips made a perfect draft look like it would pay 15% now and then on a
+    # story, and each such probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128).
+    stop_slow_alpha: float = 0.04
+
+    # -- choosing -----------------------------------------------------------------------------
+    margin: float = 1.03  # speculate only when it is predicted to pay at least this much
+    probe_min: int = 8  # steps between re-tries of an unchosen draft model, at first ...
+    probe_max: int = 128  # ... doubling up to this
+    # The draft model is re-tried only where it would pay at least this much were every proposal
+    # accepted: a re-try costs its catch-up, about one target step (20-28 ms against 28-35 ms),
+    # and where even a perfect draft would gain a few percent (the story: the draft unsure at
+    # 55-60% of positions) finding it right cannot earn that back. At margin, the draft's time
+    # on the story, nearly all re-tries that proposed nothing, was 2.2-2.9% of the decode time.
+    probe_bar: float = 1.15
+    # A probe catches up on at most this many of the tokens the draft has not seen (the last
+    # ones; DraftModel.propose's window). A full catch-up costs a draft row per token generated
+    # since the draft last ran, and on open-ended text that alone made auto slower than the
+    # target (13 probes took 0.6 s of draft time; two 16-row probes 3.9% of a story's run).
+    probe_window: int = 4
+    # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
+    # where the draft decodes row by row (AMX) a full catch-up of the ~100 tokens lookup had
+    # accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x vs lookup
+    # 2.68x on QA, 3.00x with the window.
+    catch_up_window: int = 16
+    # A catch-up owed is a one-off cost; choosing the draft prices it spread over this many
+    # steps. Unpriced, the draft was chosen on a summary after a lookup stretch at a predicted
+    # 1.22x, paid a 16-row catch-up (64 ms, ~2.5 target steps) and then proposed nothing.
+    catch_up_horizon: int = 4
+
+    def accept_prior(self, key: str) -> float:
+        """The base prior of a drafter's acceptance ("draft", "lookup:N")."""
+        if key == "lookup:1":
+            return self.accept_lookup_1
+        return self.accept_lookup if key.startswith("lookup") else self.accept_draft
+
+
+PRIORS = AutoPriors()
+
+
 class _Acceptance:
     """Running estimate of cumulative per-position acceptance, from conditional rates.
 
@@ -114,13 +202,12 @@ class _Acceptance:
     the fixed K = 4's 37).
     """
 
-    PRIOR_N = 2.0  # the prior counts as this many observations (one early miss lowers, not zeroes)
-    SHRINK_N = 2.0  # a position's own rate weighs against the others' as if from this many
-
-    ALPHA = 0.15
-
-    def __init__(self, prior: float, k: int, alpha: float = ALPHA) -> None:
-        self.prior, self.k, self.alpha = prior, k, alpha
+    def __init__(self, prior: float, k: int, alpha: float | None = None,
+                 priors: AutoPriors | None = None) -> None:
+        pr = priors or PRIORS
+        self.prior, self.k = prior, k
+        self.alpha = pr.accept_alpha if alpha is None else alpha
+        self.prior_n, self.shrink_n = pr.prior_n, pr.shrink_n
         self.hits = [0.0] * k
         self.tries = [0.0] * k
 
@@ -138,8 +225,8 @@ class _Acceptance:
         h_all, n_all = sum(self.hits), sum(self.tries)
         out = []
         for h, n in zip(self.hits, self.tries, strict=True):
-            others = (h_all - h + self.PRIOR_N * self.prior) / (n_all - n + self.PRIOR_N)
-            out.append((h + self.SHRINK_N * others) / (n + self.SHRINK_N))
+            others = (h_all - h + self.prior_n * self.prior) / (n_all - n + self.prior_n)
+            out.append((h + self.shrink_n * others) / (n + self.shrink_n))
         return out
 
     def estimate(self) -> list[float]:
@@ -153,16 +240,16 @@ class _Acceptance:
 @dataclass
 class _Rate:
     """Running estimate of how often something happens (the draft model stopping at a
-    position): a plain average over the first observations, with the prior counted as PRIOR_N
-    of them, then an EMA."""
+    position): a plain average over the first observations, with the prior counted as
+    ``prior_n`` of them, then an EMA."""
 
     p: float
-    alpha: float = 0.15
+    alpha: float = PRIORS.stop_alpha
     seen: int = 0
-    PRIOR_N = 2
+    prior_n: float = PRIORS.prior_n
 
     def update(self, hit: bool) -> None:
-        w = max(self.alpha, 1.0 / (self.seen + 1 + self.PRIOR_N))
+        w = max(self.alpha, 1.0 / (self.seen + 1 + self.prior_n))
         self.p += w * ((1.0 if hit else 0.0) - self.p)
         self.seen += 1
 
@@ -175,7 +262,8 @@ class _Costs:
     draft_step: float | None = None
     draft_n: int = 0
     catch_up_row: float | None = None  # seconds per row of a draft catch-up of 2+ rows
-    alpha: float = 0.2
+    alpha: float = PRIORS.cost_alpha
+    slope: float = PRIORS.verify_slope  # V(n)'s slope until two sizes are measured
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         if rows > 1:
@@ -203,20 +291,20 @@ class _Costs:
             return self.verify[1]
         if self.verify:  # extrapolate from the smallest batch seen, with the prior slope
             r = min(self.verify)
-            return self.verify[r] / (1.0 + AutoPolicy.PRIOR_VERIFY_SLOPE * (r - 1))
+            return self.verify[r] / (1.0 + self.slope * (r - 1))
         return None
 
     def verify_cost(self) -> costmodel.VerifyCost:
         """V(n) relative to one row: measured where seen, else a line through what was seen."""
         t1 = self.t1()
         if t1 is None or t1 <= 0:
-            return costmodel.linear_verify_cost(AutoPolicy.PRIOR_VERIFY_SLOPE)
+            return costmodel.linear_verify_cost(self.slope)
         rows = sorted(r for r in self.verify if r > 1)
         if rows:
             r = rows[-1]
             slope = max(0.0, (self.verify[r] / t1 - 1.0) / (r - 1))
         else:
-            slope = AutoPolicy.PRIOR_VERIFY_SLOPE
+            slope = self.slope
         seen = {r: t / t1 for r, t in self.verify.items()}
         pts = sorted(seen.items())
 
@@ -244,49 +332,15 @@ class _Costs:
 
 
 class AutoPolicy(Policy):
-    PRIOR_VERIFY_SLOPE = 0.1  # V(5) ~ 1.4 on a 2-core CPU (DESIGN.md)
-    PRIOR_DRAFT_COST = 0.35  # a re-quantized self-draft: c ~ 0.25-0.5
-    PRIOR_ACCEPT = {"draft": 0.6, "lookup": 0.5}
-    PRIOR_STOP = 0.2  # the draft stops at its first position (top probability under --draft-p-min)
-    PRIOR_GO_ON = 0.8  # ... and goes on past a later one, having proposed the one before
-    # A one-token match is weak evidence: on open-ended text its proposals were all rejected,
-    # and a 0.5 prior spent the first dozen steps learning that (1.9% of a story's time).
-    PRIOR_ACCEPT_LOOKUP_1 = 0.3
-    MARGIN = 1.03  # speculate only when it is predicted to pay at least this much
-    PROBE_MIN, PROBE_MAX = 8, 128
-    # The draft model is re-tried only where it would pay at least this much were every proposal
-    # accepted: a re-try costs its catch-up, about one target step (20-28 ms against 28-35 ms),
-    # and where even a perfect draft would gain a few percent (the story: the draft unsure at
-    # 55-60% of positions) finding it right cannot earn that back. At MARGIN, the draft's time
-    # on the story, nearly all re-tries that proposed nothing, was 2.2-2.9% of the decode time.
-    PROBE_BAR = 1.15
-    STOP_SLOW_ALPHA = 0.04  # the probe gate's stop rate: sd ~0.07 on a story, ~25 tokens to turn
-    # A draft-model probe catches up on at most this many of the tokens it has not seen (the
-    # last ones; DraftModel.propose's window). A full catch-up costs a draft row per token
-    # generated since the draft last ran, whatever the backoff, and on open-ended text, where
-    # the draft never pays, that alone made auto slower than the target (13 probes took 0.6 s
-    # of draft time; two 16-row probes 3.9% of a story's run).
-    PROBE_WINDOW = 4
-    # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
-    # on a CPU where the draft decodes row by row (AMX) a full catch-up of the ~100 tokens prompt
-    # lookup had accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x
-    # vs lookup 2.68x on QA, 3.00x with the window.
-    CATCH_UP_WINDOW = 16
-    # A catch-up owed (the draft model behind after another drafter's stretch or plain steps) is
-    # a one-off cost; choosing the draft prices it spread over this many steps. Unpriced, the
-    # draft was chosen on a summary after a lookup stretch at a predicted 1.22x, paid a 16-row
-    # catch-up (64 ms, ~2.5 target steps) and then proposed nothing.
-    CATCH_UP_HORIZON = 4
-    # Lookup's estimates forget more slowly than the draft model's (alpha 0.15): where lookup is
-    # near break-even (a summary in the model's own words: its first token right ~30% of the
-    # time, a 2-row pass 1.2 target steps) a fast estimate crossed the line on a lucky streak
-    # and bet on it. In model time (bench/modes_compare.py), 2-3 runs each: a summary 2.175x ->
-    # 2.261x, the bench's summary turn 0.960 -> 0.968 of the target, its math turn 1.194x ->
-    # 1.173x, QA, a code edit, RAG, translation, code and the story within 0.5%.
-    LOOKUP_ALPHA = 0.08
+    """The drafter and K of each step by the cost model, from running estimates; its priors and
+    rates are an ``AutoPriors`` (``PRIORS`` unless given)."""
 
-    def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None) -> None:
+    def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None,
+                 priors: AutoPriors = PRIORS, lookup_n_max: int | None = None) -> None:
+        self.priors = priors
         self.draft_max = draft_max
+        # The n-gram drafter's longest match (--lookup-max): its acceptance buckets go up to it.
+        self.lookup_n_max = lookup_n_max
         self.lookup, self.model = lookup, model
         # Lookup's longest proposal (the suffix drafter's may exceed the draft model's K).
         self.lookup_k = max(draft_max, int(getattr(lookup, "k_max", draft_max)))
@@ -298,19 +352,16 @@ class AutoPolicy(Policy):
         """Start every run from measured costs (calibrate.py: seconds of a target pass by rows,
         of a draft step) instead of the priors: a target whose batches are expensive is then
         priced right at its first step, not after a dozen lost bets. They weigh as
-        ``SEEN_WEIGHT`` observations; later measurements move them as any other."""
+        ``priors.seen_weight`` observations; later measurements move them as any other."""
         self._measured = (dict(verify_s), draft_step_s)
         self._seed_costs()
-
-    # The measured draft step counts as this many observations against the prior.
-    SEEN_WEIGHT = 4
 
     def _seed_costs(self) -> None:
         verify, draft_step = self._measured
         self.costs.verify.update(verify)
         if draft_step is not None and draft_step > 0:
             self.costs.draft_step = draft_step
-            self.costs.draft_n = self.SEEN_WEIGHT
+            self.costs.draft_n = self.priors.seen_weight
 
     def reset(self) -> None:
         """A cold start (Engine.reset: a new, unrelated text): forget what was learnt too, or the
@@ -320,18 +371,19 @@ class AutoPolicy(Policy):
         self._fresh()
 
     def _fresh(self) -> None:
-        self.costs = _Costs()
+        pr = self.priors
+        self.costs = _Costs(alpha=pr.cost_alpha, slope=pr.verify_slope)
         self._seed_costs()
         # How often the draft model stops at its first token, unsure (--draft-p-min): from its
         # own attempts, and on plain and lookup steps from the target's confidence, a free
         # stand-in (SmolLM2 at 0.6: the target was that sure on 88% of the code prompts' tokens,
         # 41% of a story's).
-        self.stop = _Rate(self.PRIOR_STOP)
-        # The same, slower, for the probe gate only (PROBE_BAR). On a story (the target sure at
+        self.stop = _Rate(pr.stop, alpha=pr.stop_alpha, prior_n=pr.prior_n)
+        # The same, slower, for the probe gate only (probe_bar). On a story (the target sure at
         # 41% of positions) the fast estimate's noise (sd ~0.14 at alpha 0.15) dipped it far
         # enough, now and then, for a perfect draft to look like it would pay 15%, and each such
         # probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128 tokens).
-        self.stop_slow = _Rate(self.PRIOR_STOP, alpha=self.STOP_SLOW_ALPHA)
+        self.stop_slow = _Rate(pr.stop, alpha=pr.stop_slow_alpha, prior_n=pr.prior_n)
         # How often it goes on past a position once it has proposed the token before: sureness
         # comes in stretches (on code the target was sure after a sure token 91-94% of the time,
         # 47-71% after an unsure one; on a story 40% and 43%), so one stop rate for every
@@ -339,15 +391,15 @@ class AutoPolicy(Policy):
         # docstrings: five unsure tokens in a row, and auto left the draft model, which went on to
         # propose 4/4, 3/3, 1/1, 4/4, for lookup's 2-token guesses). From the draft's attempts
         # and from consecutive plain steps (the target's sureness after a sure token).
-        self.go_on = _Rate(self.PRIOR_GO_ON)
+        self.go_on = _Rate(pr.go_on, alpha=pr.stop_alpha, prior_n=pr.prior_n)
         self._prev_sure = False  # the last step was plain and its target sure
         self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, _Acceptance] = {}
-        self._probe_every = self.PROBE_MIN  # steps between re-tries of the draft model
+        self._probe_every = self.priors.probe_min  # steps between re-tries of the draft model
         # Steps since the draft model last ran: as if a re-try were due, so that it is tried
         # once at the start even where the prior does not expect it to pay (with nothing
         # measured yet, the prior's verdict is the least informed one auto will ever make).
-        self._since = self.PROBE_MIN
+        self._since = self.priors.probe_min
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
         self._key = "none"
         self._longer = False  # the last draft was accepted whole: explore one position further
@@ -358,25 +410,24 @@ class AutoPolicy(Policy):
     def _acc(self, key: str) -> _Acceptance:
         a = self.acc.get(key)
         if a is None:
-            base = (self.PRIOR_ACCEPT_LOOKUP_1 if key == "lookup:1"
-                    else self.PRIOR_ACCEPT["lookup" if key.startswith("lookup") else "draft"])
+            pr = self.priors
             is_lookup = key.startswith("lookup")
-            alpha = self.LOOKUP_ALPHA if is_lookup else _Acceptance.ALPHA
-            a = self.acc[key] = _Acceptance(base, self.lookup_k if is_lookup else self.draft_max, alpha)
+            a = self.acc[key] = _Acceptance(pr.accept_prior(key), self.lookup_k if is_lookup else self.draft_max,
+                                            pr.lookup_alpha if is_lookup else pr.accept_alpha, pr)
         return a
 
     def _draft_c(self) -> float:
         t1 = self.costs.t1()
         if self.costs.draft_step is None or not t1:
-            return self.PRIOR_DRAFT_COST
-        w = self.costs.draft_n / (self.costs.draft_n + _Rate.PRIOR_N)  # the prior as 2 observations
-        return w * self.costs.draft_step / t1 + (1.0 - w) * self.PRIOR_DRAFT_COST
+            return self.priors.draft_cost
+        w = self.costs.draft_n / (self.costs.draft_n + self.priors.prior_n)  # the prior as prior_n observations
+        return w * self.costs.draft_step / t1 + (1.0 - w) * self.priors.draft_cost
 
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         v = self.costs.verify_cost()
         self._since += 1
         k_model = min(k_cap, self.draft_max)  # k_cap may be lookup's longer cap
-        best: tuple[float, str, int, Proposal | None] = (self.MARGIN, "none", 0, None)
+        best: tuple[float, str, int, Proposal | None] = (self.priors.margin, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
         if self.model is not None:
@@ -392,7 +443,7 @@ class AutoPolicy(Policy):
                 # 2-token matches over a draft right 98% of the time, 1.12x vs 1.47x), until the
                 # draft is a catch-up window behind (it skips the rest).
                 behind = (best[1] == "draft" and self.model is not None
-                          and len(tokens) - self.model.n_cached < self.CATCH_UP_WINDOW)
+                          and len(tokens) - self.model.n_cached < self.priors.catch_up_window)
                 extra = self._catch_up_c() if behind else 0.0
                 acc = self._acc(lookup_key)
                 acc.prior = self._lookup_prior(lookup_key)
@@ -402,22 +453,22 @@ class AutoPolicy(Policy):
 
         s, key, k, prop_ready = best
         self._rival_s = s
-        window = self.CATCH_UP_WINDOW
+        window = self.priors.catch_up_window
         self._declined = None
         # Re-probing. An estimate only moves when its drafter runs, so the draft model, when it
         # is not chosen, is tried now and then, with a backoff. Lookup needs no re-try: its
         # proposal costs nothing, and one not taken is scored against the tokens the step
-        # produces (observe_tokens), whatever ran instead. (Re-trying it with 2-token proposals
+        # produces (_observe_tokens), whatever ran instead. (Re-trying it with 2-token proposals
         # while the draft model ran cost a draft step each, and a lucky 2/2 began a burst: on code
         # auto came to 0.935 of the draft alone in model time, 0.957 with scoring instead; on a
         # Stack class 0.916 and 0.963.)
         if (self.model is not None and key == "none"
                 and self._since >= self._probe_every
-                and self._draft_best(v, k_model, sure=True)[1] > self.PROBE_BAR):
+                and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar):
             self._since = 0
-            self._probe_every = min(self.PROBE_MAX, self._probe_every * 2)
+            self._probe_every = min(self.priors.probe_max, self._probe_every * 2)
             key, k, s = "draft", min(2, k_model), 0.0
-            window = self.PROBE_WINDOW
+            window = self.priors.probe_window
         if lookup_prop is not None and not key.startswith("lookup"):
             self._declined = (lookup_key, lookup_prop.tokens)
         self.last_choice = (key, k, s)
@@ -439,18 +490,19 @@ class AutoPolicy(Policy):
 
     def _lookup_prior(self, key: str) -> float:
         """The prior of a match length's acceptance: its base prior, pooled with what the other
-        match lengths have shown on this text (counted as they are, the base as PRIOR_N
+        match lengths have shown on this text (counted as they are, the base as prior_n
         observations). A length seldom matched learns from the others: on QA over a passage,
         fresh 1- and 2-token matches had been drafted at K = 2-3 from the generic priors while
         every length was right ~90% of the time. In model time, K <= 4: QA 2.38x -> 2.53x, a
         summary 2.09x -> 2.31x, a Stack class 1.30x -> 1.36x, the story 0.990x either way."""
-        base = self.PRIOR_ACCEPT_LOOKUP_1 if key == "lookup:1" else self.PRIOR_ACCEPT["lookup"]
+        base = self.priors.accept_prior(key)
         h = n = 0.0
         for other, a in self.acc.items():
             if other != key and other.startswith("lookup"):
                 h += sum(a.hits)
                 n += sum(a.tries)
-        return (h + _Acceptance.PRIOR_N * base) / (n + _Acceptance.PRIOR_N)
+        n0 = self.priors.prior_n
+        return (h + n0 * base) / (n + n0)
 
     def _catch_up_c(self) -> float:
         """A catch-up row of the draft model, relative to a target step."""
@@ -464,7 +516,7 @@ class AutoPolicy(Policy):
         """The draft model's best K and predicted speed-up; ``sure``: were every proposal
         accepted (a probe learns acceptance; where even that would not pay, as where the draft
         would mostly stop, there is nothing to probe for; judged on the slow stop rate).
-        ``tokens``: price the catch-up the draft owes on them (see CATCH_UP_HORIZON)."""
+        ``tokens``: price the catch-up the draft owes on them (see AutoPriors.catch_up_horizon)."""
         stop = self.stop_slow if sure else self.stop
         floor = self.model is not None and self.model.p_min > 0.0
         go = 1.0 - stop.p if floor else 1.0
@@ -473,9 +525,9 @@ class AutoPolicy(Policy):
         fixed = 0.0
         if tokens is not None and self.model is not None:
             # Rows beyond a normal step's one or two (the pending token; a whole draft's last).
-            owed = min(len(tokens) - self.model.n_cached, self.CATCH_UP_WINDOW) - 2
+            owed = min(len(tokens) - self.model.n_cached, self.priors.catch_up_window) - 2
             if owed > 0:
-                fixed = owed * self._catch_up_c() / self.CATCH_UP_HORIZON
+                fixed = owed * self._catch_up_c() / self.priors.catch_up_horizon
         return costmodel.best_k(acc, self._draft_c(), v, k_cap, go=go, fixed=fixed, go_on=go_on)
 
     def _observe_draft(self, steps: int, draft_s: float) -> None:
@@ -487,7 +539,7 @@ class AutoPolicy(Policy):
         self.costs.observe_catch_up(rows, secs)
         self.costs.observe_draft(steps, draft_s - secs * (rows - 1) / rows if rows > 1 else draft_s)
 
-    def observe_tokens(self, tokens: list[int]) -> None:
+    def _observe_tokens(self, tokens: Sequence[int]) -> None:
         """Free evidence for a declined lookup proposal: the step's tokens say how much of it
         the target would have accepted (greedy: exactly; sampled: each position is accepted with
         the probability the target gives the proposed token, which is also the chance that it
@@ -508,7 +560,7 @@ class AutoPolicy(Policy):
         stops early, nothing to learn)."""
         return self.model.p_min if self.model is not None else 0.0
 
-    def observe_confidence(self, sure: bool) -> None:
+    def _observe_confidence(self, sure: bool) -> None:
         """The target was (not) sure at a plain or lookup step's first position at --draft-p-min:
         where it is not, the draft model (a smaller model of the same text) would mostly have
         stopped; after a sure plain step, whether it went on being sure (``go_on``)."""
@@ -517,7 +569,7 @@ class AutoPolicy(Policy):
             self.go_on.update(sure)
         self._prev_sure = sure
 
-    def observe_declined(self, name: str, draft_s: float) -> None:
+    def _observe_declined(self, name: str, draft_s: float) -> None:
         """A draft attempt that proposed nothing: it cost a draft step and the step decoded
         plainly. Counted as a stop at the first position, which the cost model prices (costmodel.
         attempt_speedup), not as plain decoding (a rarely-sure draft then looked free: story
@@ -535,11 +587,11 @@ class AutoPolicy(Policy):
         self.stop_slow.update(hit)
 
     def _end_burst(self) -> None:
-        """A re-try that got nothing ends a burst of re-tries (observe, after a fully accepted
+        """A re-try that got nothing ends a burst of re-tries (_observe_step, after a fully accepted
         draft): on a story, lucky 1/1 and 2/2 re-tries were followed by a run that proposed
         nothing, each paying a catch-up (declined re-tries: 6.7% of the run)."""
         if self._probing:
-            self._probe_every = max(self._probe_every, self.PROBE_MIN)
+            self._probe_every = max(self._probe_every, self.priors.probe_min)
 
     def _lookup_key(self) -> str:
         """Lookup's acceptance is estimated per match-length bucket: the suffix drafter's own
@@ -548,10 +600,22 @@ class AutoPolicy(Policy):
         if bucket is not None:
             return f"lookup:{bucket()}"
         index = getattr(self.lookup, "index", None)
-        n_max = index.n_max if index is not None else 4
-        return f"lookup:{min(getattr(self.lookup, 'last_match', 1), n_max)}"
+        n_max = index.n_max if index is not None else (self.lookup_n_max or defaults.LOOKUP_MAX)
+        return f"lookup:{max(1, min(getattr(self.lookup, 'last_match', 1), n_max))}"
 
-    def observe(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, report: StepReport) -> None:
+        """One step: the target's sureness (a stand-in for the draft's stop rate), the drafter's
+        acceptance and costs, a declined draft attempt, and free evidence for lookup's proposal
+        if it was not taken; in that order."""
+        r = report
+        if r.target_sure is not None:
+            self._observe_confidence(r.target_sure)
+        self._observe_step(r.drafter, r.k, r.accepted, r.draft_s, r.verify_s)
+        if r.declined is not None:
+            self._observe_declined(r.declined, r.draft_s)
+        self._observe_tokens(r.tokens)
+
+    def _observe_step(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
         self.costs.observe_verify(k + 1, verify_s)
         if name == "none" or k == 0:
             return
@@ -580,6 +644,6 @@ class AutoPolicy(Policy):
         if n_accepted == 0:
             self._end_burst()
         # A re-try resets the backoff only when it now beats what it displaced.
-        bar = max(self.MARGIN, self._rival_s) if self._probing else self.MARGIN
+        bar = max(self.priors.margin, self._rival_s) if self._probing else self.priors.margin
         if self._draft_best(self.costs.verify_cost(), acc.k)[1] > bar:
-            self._probe_every = self.PROBE_MIN
+            self._probe_every = self.priors.probe_min

@@ -16,18 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_TEMP = 0.8
-DEFAULT_TOP_K = 40
-DEFAULT_TOP_P = 0.95
-DEFAULT_MIN_P = 0.05
+from specrun import defaults
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temp: float = 0.0
-    top_k: int = DEFAULT_TOP_K
-    top_p: float = DEFAULT_TOP_P
-    min_p: float = DEFAULT_MIN_P
+    temp: float = defaults.TEMP
+    top_k: int = defaults.TOP_K
+    top_p: float = defaults.TOP_P
+    min_p: float = defaults.MIN_P
     seed: int = 0
 
     @property
