@@ -76,7 +76,7 @@ def output_paths(target_name: str, quants: list[str], out: Path | None, sweep: b
 
 def quantize_atomic(src: Path, dest: Path, quant: str, threads: int | None) -> Path:
     """Re-quantize ``src`` into ``dest`` through a part file and a rename."""
-    from specrun.models.registry import quantize_file
+    from specrun.models.derive import quantize_file
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,8 @@ from rich.table import Table
 
 from specrun.cli.common import spinner
 from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
-from specrun.models.registry import Registry, ResolvedModel, UserEntry, update_user_registry
+from specrun.models.registry import Registry, ResolvedModel
+from specrun.models.toml import UserEntry, update_user_registry
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model
