@@ -24,13 +24,13 @@ from rich.table import Table
 from specrun import paths
 from specrun.cli.common import spinner
 from specrun.cli.models import (
-    PullDisplay,
     _stdout,
     check_pair,
     human_size,
     print_check,
     save_pair,
 )
+from specrun.cli.progress import PullProgress
 from specrun.errors import ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 
@@ -193,7 +193,7 @@ def make(
         raise UsageError("--name must not be empty")
 
     reg = Registry.load(verbose=verbose)
-    with PullDisplay() as show:
+    with PullProgress() as show:
         target = reg.resolve(model, show)
     dests = output_paths(target.name, quants, output, sweep is not None)
     for d in dests:
