@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specrun import paths
-from specrun.models.registry import hf_cache_dir, parse_hub_spec, pick_gguf
+from specrun.models.hub import hf_cache_dir, parse_hub_spec, pick_gguf
 
 
 def test_bare_repo_prefers_q4_k_m_then_q8_0_then_the_first_model_file() -> None:

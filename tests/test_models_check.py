@@ -26,12 +26,8 @@ from test_registry import _pull_in_subprocess, _wait_for, env, sha, user_registr
 
 from specrun.cli.main import main  # noqa: E402
 from specrun.errors import PullError, RegistryError  # noqa: E402
-from specrun.models.registry import (  # noqa: E402
-    Registry,
-    ResolvedModel,
-    edit_registry_text,
-    update_user_registry,
-)
+from specrun.models.registry import Registry, ResolvedModel  # noqa: E402
+from specrun.models.toml import edit_registry_text, update_user_registry  # noqa: E402
 
 REUSED_FIXTURES = (env,)  # test_registry's clean world: own SPECRUN_HOME, HF_HOME, no network
 SPECRUN = str(Path(sys.executable).with_name("specrun"))
@@ -144,7 +140,7 @@ def test_update_user_registry_validates_locks_and_replaces(
     code = textwrap.dedent(
         """
         import sys
-        from specrun.models.registry import update_user_registry
+        from specrun.models.toml import update_user_registry
         n = sys.argv[1]
         update_user_registry([("pairs", f"p{n}", {"target": "mine-target", "draft": "mine-target",
                                                    "draft_max": int(n) + 1})])

@@ -21,7 +21,8 @@ from hub_server import HubServer, make_wheel  # noqa: E402
 from specrun import paths  # noqa: E402
 from specrun.cli.main import main  # noqa: E402
 from specrun.errors import ModelError, PullError, RegistryError  # noqa: E402
-from specrun.models.registry import Registry, pick_gguf  # noqa: E402
+from specrun.models.hub import pick_gguf  # noqa: E402
+from specrun.models.registry import Registry  # noqa: E402
 
 # Where `make install` leaves the real models (read before any test changes SPECRUN_HOME).
 REAL_MODELS = paths.models_dir()

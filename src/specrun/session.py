@@ -10,7 +10,8 @@ from typing import Any
 
 from specrun import defaults
 from specrun.errors import IncompatiblePairError, ModelError, UsageError
-from specrun.models.registry import ProgressFn, Registry, ResolvedModel
+from specrun.models.registry import Registry, ResolvedModel
+from specrun.models.store import ProgressFn
 from specrun.spec.engine import MAX_DRAFT, Engine, SpecConfig
 from specrun.spec.policy import AutoPolicy
 
@@ -162,7 +163,7 @@ def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = N
         raise UsageError("give either --pair or -m/--model, not both")
     def resolve(spec: str, hf_file: str | None) -> ResolvedModel:
         if hf_file:
-            from specrun.models.registry import parse_hub_spec
+            from specrun.models.hub import parse_hub_spec
 
             hub = parse_hub_spec(spec)
             if hub is None:

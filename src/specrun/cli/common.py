@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specrun import session
+from specrun.cli.progress import PullProgress
 
 
 @dataclass
@@ -50,12 +51,9 @@ def spinner(enabled: bool, text: str) -> Iterator[Callable[[str], None]]:
         yield lambda msg: st.update(msg)
 
 
-def pull_progress(enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from specrun.cli.progress import RichPullProgress
-
-    return RichPullProgress()
+def pull_progress(enabled: bool) -> PullProgress | None:
+    """The pull's progress bars, on a terminal only (the pull before loading a model)."""
+    return PullProgress(lines=False) if enabled else None
 
 
 def given_on_command_line(ctx: Any, name: str) -> bool:

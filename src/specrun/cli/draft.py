@@ -24,13 +24,13 @@ from rich.table import Table
 from specrun import paths
 from specrun.cli.common import spinner
 from specrun.cli.models import (
-    PullDisplay,
     _stdout,
     check_pair,
     human_size,
     print_check,
     save_pair,
 )
+from specrun.cli.progress import PullProgress
 from specrun.errors import ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 
@@ -76,7 +76,7 @@ def output_paths(target_name: str, quants: list[str], out: Path | None, sweep: b
 
 def quantize_atomic(src: Path, dest: Path, quant: str, threads: int | None) -> Path:
     """Re-quantize ``src`` into ``dest`` through a part file and a rename."""
-    from specrun.models.registry import quantize_file
+    from specrun.models.derive import quantize_file
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ def make(
         raise UsageError("--name must not be empty")
 
     reg = Registry.load(verbose=verbose)
-    with PullDisplay() as show:
+    with PullProgress() as show:
         target = reg.resolve(model, show)
     dests = output_paths(target.name, quants, output, sweep is not None)
     for d in dests:

@@ -53,10 +53,10 @@ def build_info() -> dict[str, Any]:
 
 
 def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any) -> dict[str, Any]:
-    from specrun.models.registry import _quant_tags
+    from specrun.models.hub import quant_tags
 
     ftype = info.get("general.file_type")
-    quant = _quant_tags([path.name])
+    quant = quant_tags([path.name])
     return {
         "role": role,
         "name": name,

@@ -15,21 +15,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 from specrun.cli.common import spinner
+from specrun.cli.progress import PullProgress
 from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
-from specrun.models.registry import Registry, ResolvedModel, UserEntry, update_user_registry
+from specrun.models.registry import Registry, ResolvedModel
+from specrun.models.toml import UserEntry, update_user_registry
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model
@@ -53,45 +45,6 @@ def human_size(n: int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"  # pragma: no cover
-
-
-class PullDisplay:
-    """A ProgressFn: a transient Rich bar on a terminal, one line per step elsewhere."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
-        self.live = self.console.is_terminal
-        self.tasks: dict[str, TaskID] = {}
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=True,
-        )
-
-    def __enter__(self) -> PullDisplay:
-        if self.live:
-            self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live:
-            self.progress.stop()
-
-    def __call__(self, desc: str, done: int, total: int | None) -> None:
-        tid = self.tasks.get(desc)
-        if tid is None:
-            if not self.live:
-                print(f"specrun: {desc}", file=sys.stderr, flush=True)
-            for other in self.tasks.values():
-                self.progress.update(other, visible=False)
-            tid = self.progress.add_task(desc, total=total)
-            self.tasks[desc] = tid
-        self.progress.update(tid, completed=done, total=total)
 
 
 def _load(verbose: bool = False) -> Registry:
@@ -177,7 +130,7 @@ def pull(
     name = name or reg.default
     if not name:
         raise RegistryError("no NAME given and the registry has no default")
-    with PullDisplay() as show:
+    with PullProgress() as show:
         if name in reg.models:
             out = [reg.pull(name, show, force=force)]
         elif name in reg.pairs:
@@ -302,7 +255,7 @@ def check(
     ngl_n = parse_ngl(ngl, "--ngl")
 
     reg = _load(verbose)
-    with PullDisplay() as show:
+    with PullProgress() as show:
         if pair is not None:
             p = reg.pair(pair)
             target = reg.resolve(p.target, show)
@@ -526,7 +479,7 @@ def _check_files(names: list[str] | None) -> None:
     for col in ("name", "status"):
         table.add_column(col)
     bad = 0
-    with PullDisplay() as show:
+    with PullProgress() as show:
         for n in dict.fromkeys(todo):
             problem = reg.verify(n, show)
             bad += problem is not None

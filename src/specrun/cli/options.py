@@ -248,7 +248,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
             continue
         if kw.get(plain) is not None:
             raise UsageError(f"give either {flag} or {'-m' if flag == '-hf' else '-md'}, not both")
-        from specrun.models.registry import parse_hub_spec
+        from specrun.models.hub import parse_hub_spec
 
         if parse_hub_spec(repo) is None:
             raise UsageError(f"{flag} takes a Hugging Face repo, USER/REPO[:QUANT]; got {repo!r}")

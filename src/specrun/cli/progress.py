@@ -1,41 +1,67 @@
-"""A Rich progress bar on stderr that the registry's ProgressFn callbacks drive."""
+"""The one download progress: a ProgressFn (the registry's ``(description, bytes_done,
+bytes_total)`` callbacks) for ``models pull`` and for the pull that generate, chat and bench do
+before loading."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
-class RichPullProgress:
-    """Callable as ``(description, bytes_done, bytes_total)``; one bar per description."""
+class PullProgress:
+    """A transient Rich bar on a terminal (stderr), showing the current step alone; elsewhere one
+    line per step (``specrun: downloading ...``) when ``lines``, else nothing. Starts drawing at
+    the first report, so a model already present draws nothing; ``close`` (or leaving the
+    ``with`` block) takes the bar away."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Any = None, lines: bool = True) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
             Progress,
+            SpinnerColumn,
             TextColumn,
             TimeRemainingColumn,
             TransferSpeedColumn,
         )
 
-        self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=True,
-        )
-        self._tasks: dict[str, Any] = {}
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.lines = lines
+        self.tasks: dict[str, Any] = {}
         self._started = False
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
+
+    def __enter__(self) -> PullProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __call__(self, desc: str, done: int, total: int | None) -> None:
-        if not self._started:
-            self._progress.start()
+        if self.live and not self._started:
+            self.progress.start()
             self._started = True
-        task = self._tasks.get(desc)
-        if task is None:
-            task = self._tasks[desc] = self._progress.add_task(desc, total=total)
-        self._progress.update(task, completed=done, total=total)
+        tid = self.tasks.get(desc)
+        if tid is None:
+            if not self.live and self.lines:
+                print(f"specrun: {desc}", file=sys.stderr, flush=True)
+            for other in self.tasks.values():
+                self.progress.update(other, visible=False)
+            tid = self.tasks[desc] = self.progress.add_task(desc, total=total)
+        self.progress.update(tid, completed=done, total=total)
 
     def close(self) -> None:
         if self._started:
-            self._progress.stop()
+            self.progress.stop()
             self._started = False
