@@ -12,7 +12,8 @@ import typer
 
 from specrun import bench as B
 from specrun.chat_template import encode_chat
-from specrun.cli.common import Streams, console, err_console, load_engine
+from specrun.cli.common import Streams, err_console, load_engine
+from specrun.cli.console import console
 from specrun.cli.options import model_options, sampling_options
 from specrun.errors import UsageError
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specrun import session
+from specrun.cli.console import console
 from specrun.cli.progress import PullProgress
 
 
@@ -24,15 +25,6 @@ class Streams:
     @classmethod
     def detect(cls) -> Streams:
         return cls(sys.stdout.isatty(), sys.stderr.isatty())
-
-
-def console(*, stderr: bool = True, **kw: Any) -> Any:
-    """Every Rich console specrun draws on comes from here: stderr unless told, numbers not
-    highlighted (``kw``: Rich's own, e.g. file, width, force_terminal)."""
-    from rich.console import Console
-
-    kw.setdefault("highlight", False)
-    return Console(stderr=stderr, **kw)
 
 
 def err_console() -> Any:

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
-from specrun.cli.common import console
+from specrun.cli.console import console
 from specrun.spec.engine import Result, Step
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specrun.cli.common import spinner
+from specrun.cli.console import console
 from specrun.cli.progress import PullProgress
 from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
@@ -31,9 +32,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 
 def _stdout() -> Console:
-    con = Console()
+    con = console(stderr=False)
     # Piped output: no wrapping at 80 columns, so scripts see one row per line.
-    return con if con.is_terminal else Console(width=max(con.width, 200))
+    return con if con.is_terminal else console(stderr=False, width=max(con.width, 200))
 
 
 def human_size(n: int | None) -> str:

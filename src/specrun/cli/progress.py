@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from specrun.cli.console import console as make_console
+
 
 class PullProgress:
     """A transient Rich bar on a terminal (stderr), showing the current step alone; elsewhere one
@@ -15,7 +17,6 @@ class PullProgress:
     ``with`` block) takes the bar away."""
 
     def __init__(self, console: Any = None, lines: bool = True) -> None:
-        from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
@@ -26,7 +27,7 @@ class PullProgress:
             TransferSpeedColumn,
         )
 
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console()
         self.live = self.console.is_terminal
         self.lines = lines
         self.tasks: dict[str, Any] = {}
