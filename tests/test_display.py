@@ -52,6 +52,15 @@ def test_footer_snapshot():
     )
 
 
+def test_footer_shows_k_against_the_cap_of_the_drafter_that_ran():
+    """The suffix drafter may propose up to --lookup-draft-max (16) where the draft model stops
+    at --draft-max (4): a 12-token lookup proposal reads 12/16, not 12/4."""
+    st = _stats()
+    lookup = _plain(render_footer(st, drafter="lookup", k=12, draft_max=4, lookup_max=16), no_wrap=True)
+    draft = _plain(render_footer(st, drafter="draft", k=3, draft_max=4, lookup_max=16), no_wrap=True)
+    assert "lookup K=12/16" in lookup and "draft K=3/4" in draft
+
+
 def test_footer_without_drafts_and_narrow():
     st = SpecStats()
     st.record_pass("none", 0, 0)

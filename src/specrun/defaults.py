@@ -20,6 +20,12 @@ DRAFT_P_MIN = 0.6
 VERIFY = "rejection"  # temp > 0: rejection sampling (exact); "match" = sample-and-match
 LOOKUP_MIN = 1  # shortest n-gram a prompt lookup matches
 LOOKUP_MAX = 4  # longest n-gram a prompt lookup matches (tried first)
+# The lookup drafter: "suffix" (spec/suffix.py: the longest match in this text and earlier
+# outputs, ranked continuations) or "ngram" (spec/lookup.py: llama.cpp-style prompt lookup).
+LOOKUP_KIND = "suffix"
+# The suffix drafter's longest proposal: max(--draft-max, this). A long match is cheap to verify
+# (a 17-row pass ~2.6 target steps on a 2-core CPU, F32) and --draft-max is the draft model's K.
+LOOKUP_DRAFT_MAX = 16
 
 # -- sampling ----------------------------------------------------------------------------------
 TEMP = 0.0  # greedy: the target's own output, token for token

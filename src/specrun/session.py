@@ -38,6 +38,8 @@ class ModelOptions:
     lookup_min: int = defaults.LOOKUP_MIN
     lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None
+    lookup_kind: str = defaults.LOOKUP_KIND
+    lookup_draft_max: int = defaults.LOOKUP_DRAFT_MAX
     ngl: int = -1  # -1: the layers that fit (--ngl auto); options.NGL_ALL: all of them
     ngl_draft: int = -1
     ctx: int = DEFAULT_CTX
@@ -132,6 +134,8 @@ class ModelOptions:
             lookup_min=self.lookup_min,
             lookup_max=self.lookup_max,
             lookup_cache=self.lookup_cache,
+            lookup_kind=self.lookup_kind,
+            lookup_draft_max=self.lookup_draft_max,
         )
 
 

@@ -174,7 +174,7 @@ def _reply(session: Any, text: str, make_sink: Any, result_type: Any, live: bool
            color: bool | None, stats: bool, streams: Streams, say: Any) -> None:
     engine = session.engine
     sink = make_sink(live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
-                     summary="line" if stats else "none", draft_max=engine.config.draft_max,
+                     summary="line" if stats else "none", draft_max=engine.config.draft_max, lookup_max=engine.k_cap,
                      mode=engine.mode, piece=engine.target.piece)
     gen = session.respond(text)
     guard = _SigintGuard()

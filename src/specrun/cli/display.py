@@ -110,6 +110,7 @@ def make_sink(
     draft_max: int | None = None,
     mode: str | None = None,
     piece: Callable[[int], bytes] | None = None,
+    lookup_max: int | None = None,
 ) -> PlainStream | LiveDisplay:
     """The display for one generation.
 
@@ -130,6 +131,7 @@ def make_sink(
         draft_max=draft_max,
         mode=mode,
         piece=piece,
+        lookup_max=lookup_max,
     )
 
 
@@ -205,14 +207,18 @@ def render_footer(
     k: int,
     draft_max: int | None,
     legend: bool = True,
+    lookup_max: int | None = None,
 ) -> Text:
-    """The live footer: three lines (a rule, the figures, per-position acceptance)."""
+    """The live footer: three lines (a rule, the figures, per-position acceptance). K is shown
+    against the cap of the drafter that ran: ``draft_max`` for the draft model, ``lookup_max``
+    (the suffix drafter may propose longer) for lookup."""
     from rich.text import Text
 
     t = Text(no_wrap=True, overflow="crop", end="")
     t.append("─" * 3 + " specrun " + "─" * 200, style="dim")
     t.append("\n")
-    mode = "target alone" if drafter == "none" else f"{drafter} K={k}" + (f"/{draft_max}" if draft_max else "")
+    cap = lookup_max if drafter == "lookup" and lookup_max else draft_max
+    mode = "target alone" if drafter == "none" else f"{drafter} K={k}" + (f"/{cap}" if cap else "")
     t.append(mode, style="bold")
     t.append("  ")
     t.append(f"{stats.tokens_per_second:.1f}", style="bold")
@@ -316,6 +322,7 @@ class LiveDisplay:
         draft_max: int | None = None,
         mode: str | None = None,
         piece: Callable[[int], bytes] | None = None,
+        lookup_max: int | None = None,
         width: int | None = None,
         text_hz: float = 30.0,
         footer_hz: float = 8.0,
@@ -332,6 +339,7 @@ class LiveDisplay:
         self.summary = summary
         self.prints_summary = footer and summary != "none"
         self.draft_max = draft_max
+        self.lookup_max = lookup_max
         self.mode = mode
         self.spans = TokenSpans(piece)
         self._width = width
@@ -555,7 +563,7 @@ class LiveDisplay:
     def _render_lines(self) -> list[str]:
         assert self._stats is not None
         footer = render_footer(self._stats, drafter=self._drafter, k=self._k, draft_max=self.draft_max,
-                               legend=self.text_on_terminal and self.color)
+                               legend=self.text_on_terminal and self.color, lookup_max=self.lookup_max)
         with self.console.capture() as cap:
             self.console.print(footer, width=self._cols(), crop=True, no_wrap=True, overflow="crop")
         return cap.get().rstrip("\n").split("\n")

@@ -157,7 +157,7 @@ def generate(
             p_i = replace(params, seed=params.seed + i)
             sink = None if structured else make_sink(
                 live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
-                summary="full" if show_summary else "none", draft_max=engine.config.draft_max,
+                summary="full" if show_summary else "none", draft_max=engine.config.draft_max, lookup_max=engine.k_cap,
                 mode=engine.mode, piece=engine.target.piece)
             if n_completions > 1 and sink is not None and i > 0:
                 sys.stdout.write("\n\n")

@@ -48,6 +48,8 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
     ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC, envvar="SPECRUN_VERIFY"), D.VERIFY),
     ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MIN"), D.LOOKUP_MIN),
     ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MAX"), D.LOOKUP_MAX),
+    ("lookup_kind", str, _opt("--lookup-kind", help="The lookup drafter (lookup/hybrid/auto): suffix (the longest match in this text and earlier outputs, ranked continuations) or ngram (llama.cpp-style n-gram prompt lookup).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_KIND", metavar="suffix|ngram"), D.LOOKUP_KIND),
+    ("lookup_draft_max", int, _opt("--lookup-draft-max", help="Longest suffix-lookup proposal (at least --draft-max): a long match is cheap to verify.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_DRAFT_MAX"), D.LOOKUP_DRAFT_MAX),
     ("lookup_cache", str | None, _opt("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_CACHE"), None),
     ("ngl", str, _opt("--ngl", "-ngl", help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL", metavar="N|auto|all"), "auto"),
     ("ngl_draft", str, _opt("--ngl-draft", "-ngld", help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL_DRAFT", metavar="N|auto|all"), "auto"),

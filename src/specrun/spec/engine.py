@@ -40,12 +40,8 @@ class SpecConfig:
     lookup_min: int = defaults.LOOKUP_MIN
     lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None  # a file of earlier outputs kept across runs
-    # "suffix": the suffix drafter (suffix.py; longest match in this text and earlier outputs,
-    # ranked continuations); "ngram": the n-gram prompt lookup before it (lookup.py).
-    lookup_kind: str = "suffix"
-    # The suffix drafter's longest proposal: max(draft_max, this). A long match is cheap to
-    # verify (a 17-row pass ~2.6 target steps here) and --draft-max is the draft model's K.
-    lookup_draft_max: int = 16
+    lookup_kind: str = defaults.LOOKUP_KIND  # suffix | ngram (defaults.py says which is which)
+    lookup_draft_max: int = defaults.LOOKUP_DRAFT_MAX  # the suffix drafter's longest proposal
     lookup_store_tokens: int = 65536  # earlier outputs kept in memory (oldest evicted)
 
     def validate(self) -> None:
@@ -62,9 +58,9 @@ class SpecConfig:
                 f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
             )
         if self.lookup_kind not in LOOKUP_KINDS:
-            raise UsageError(f"lookup kind must be one of {', '.join(LOOKUP_KINDS)}, got {self.lookup_kind!r}")
+            raise UsageError(f"--lookup-kind must be one of {', '.join(LOOKUP_KINDS)}, got {self.lookup_kind!r}")
         if not 1 <= self.lookup_draft_max <= MAX_DRAFT:
-            raise UsageError(f"lookup draft max must be 1 to {MAX_DRAFT}, got {self.lookup_draft_max}")
+            raise UsageError(f"--lookup-draft-max must be 1 to {MAX_DRAFT}, got {self.lookup_draft_max}")
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
 
