@@ -285,7 +285,10 @@ def test_commands(tmp_path):
 def test_new_turn_prefills_only_its_tokens_in_both_models(smol_target, smol_draft):
     from specrun.spec.engine import Engine
 
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4))
+    # A draft that never stops early (p_min 0) ends each turn one token behind the target at
+    # most, so its next prefill is exactly the target's; one stopped under --draft-p-min may
+    # end a token further behind and catch that up in the next prefill.
+    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
     engine.reset()  # the session-scoped models may hold another test's tokens
     assert engine.draft_model is not None
     draft_prefill: list[int] = []

@@ -130,6 +130,7 @@ def test_quantized_cache_shrinks_the_kv_estimate():
     assert s.kv_bytes(100) == s.kv_bytes(256)  # llama.cpp pads the context to 256 cells
 
 
+@pytest.mark.models  # reads the pair's files (pulled by make install)
 def test_cli_refuses_a_context_that_cannot_fit_before_loading(tmp_path):
     r = subprocess.run(
         [SPECRUN, "generate", "--prompt", "hi", "-n", "1", "--ctx", "200000000", "--mode", "none",
