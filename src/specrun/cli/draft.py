@@ -30,9 +30,11 @@ from specrun.cli.models import (
     print_check,
     save_pair,
 )
+from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads
 from specrun.cli.progress import PullProgress
 from specrun.errors import ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
+from specrun.probe import ProbeSettings
 
 draft_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -155,21 +157,10 @@ def make(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite an existing output file.")
     ] = False,
-    max_tokens: Annotated[
-        int, typer.Option("-n", "--max-tokens", help="Tokens per probe run.")
-    ] = 48,
-    draft_max: Annotated[
-        int,
-        typer.Option(
-            "--draft-max", help="Draft length while learning acceptance; the largest K considered."
-        ),
-    ] = 8,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Alternating (none, K) runs per prompt when measuring.")
-    ] = 1,
-    threads: Annotated[
-        int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
-    ] = None,
+    max_tokens: ProbeMaxTokens = ProbeSettings.max_tokens,
+    draft_max: ProbeDraftMax = ProbeSettings.learn_k,
+    repeats: ProbeRepeats = ProbeSettings.repeats,
+    threads: ProbeThreads = None,
     ngl: Annotated[
         str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU while probing (N, auto or all; -1 = all).")
     ] = "auto",

@@ -19,10 +19,12 @@ from rich.table import Table
 
 from specrun.cli.common import spinner
 from specrun.cli.console import console
+from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads
 from specrun.cli.progress import PullProgress
 from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.toml import UserEntry, update_user_registry
+from specrun.probe import ProbeSettings
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model
@@ -195,21 +197,10 @@ def check(
             "--probe/--no-probe", help="Measure acceptance and speed (a compatible pair)."
         ),
     ] = True,
-    max_tokens: Annotated[
-        int, typer.Option("-n", "--max-tokens", help="Tokens per probe run.")
-    ] = 48,
-    draft_max: Annotated[
-        int,
-        typer.Option(
-            "--draft-max", help="Draft length while learning acceptance; the largest K considered."
-        ),
-    ] = 8,
-    repeats: Annotated[
-        int, typer.Option("--repeats", help="Alternating (none, K) runs per prompt when measuring.")
-    ] = 1,
-    threads: Annotated[
-        int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
-    ] = None,
+    max_tokens: ProbeMaxTokens = ProbeSettings.max_tokens,
+    draft_max: ProbeDraftMax = ProbeSettings.learn_k,
+    repeats: ProbeRepeats = ProbeSettings.repeats,
+    threads: ProbeThreads = None,
     ngl: Annotated[
         str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU, both models (N, auto or all; -1 = all).")
     ] = "auto",

@@ -290,3 +290,13 @@ def sampling_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable
 
 
 __all__ = ["MODEL_OPTIONS", "SAMPLING_OPTIONS", "model_options", "sampling_options"]
+
+
+# The probe's options, shared by `models check` and `draft make` (defaults: probe.ProbeSettings).
+ProbeMaxTokens = Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens per probe run.")]
+ProbeDraftMax = Annotated[int, typer.Option(
+    "--draft-max", help="Draft length while learning acceptance; the largest K considered.")]
+ProbeRepeats = Annotated[int, typer.Option(
+    "--repeats", help="Alternating (none, K) runs per prompt when measuring.")]
+ProbeThreads = Annotated[int | None, typer.Option(
+    "--threads", "-t", help="CPU threads (default: physical cores).")]
