@@ -140,3 +140,17 @@ def test_sampled_runs_repeat_with_their_seed() -> None:
 
     a, b = once(), once()
     assert a == b and len(a) == 30
+
+
+def test_two_engines_over_one_model_read_its_cache_not_a_stale_copy() -> None:
+    """Engines sharing a Model (bench, the probe, tests) each see what the cache really holds:
+    the second's run cuts the first's tokens, and the first then re-evaluates, not trusts them."""
+    rule = cycle_rule(TEXT)
+    target, draft = FakeModel(rule), FakeModel(rule, seed=1)
+    a = Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
+    b = Engine(target, draft, SpecConfig(mode="draft", draft_max=2, draft_p_min=0.0))
+    first = run(a, n=30)
+    run(b, prompt=[1, *text_tokens("sat")], n=5)
+    again = run(a, n=30)
+    assert again.tokens == first.tokens == alone(30).tokens
+    assert again.stats.prefill_tokens == len(PROMPT) - 1  # only the BOS both prompts start with was kept

@@ -110,9 +110,16 @@ class DraftModel:
         return len(self._pos)
 
     def held_tokens(self) -> list[int]:
-        """The engine's tokens as the draft holds them, by token index (SKIPPED where skipped)."""
+        """The engine's tokens as the draft's cache holds them, by token index (SKIPPED where
+        skipped), read from the Model's own record: up to the first position the cache no
+        longer holds (another engine over the same Model cut it)."""
         held = self.model.cached
-        return [held[p] if p >= 0 else SKIPPED for p in self._pos]
+        out: list[int] = []
+        for p in self._pos:
+            if p >= len(held):
+                break
+            out.append(held[p] if p >= 0 else SKIPPED)
+        return out
 
     def prefill(self, tokens: list[int]) -> int:
         keep = min(_common_prefix(self.held_tokens(), tokens), len(tokens) - 1)
