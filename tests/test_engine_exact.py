@@ -74,7 +74,7 @@ def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
 @pytest.mark.parametrize("draft_max", [1, 3, 4, 8])
 def test_draft_equals_target_alone(pairs, baselines, pair_name, draft_max):
     target, draft = pairs[pair_name]
-    engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=draft_max))
+    engine = Engine(target, draft, SpecConfig(mode="draft", draft_max=draft_max, draft_p_min=0.0))
     drafted = 0
     for key in PROMPTS:
         toks = prompt_tokens(target, key)
@@ -140,7 +140,7 @@ def steps_of(engine, toks, **kw):
 def test_all_drafts_accepted(smol_target, self_draft, monkeypatch):
     toks = prompt_tokens(smol_target, "code")
     want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
-    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=4))
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
     rows: list[int] = []
     real_decode = self_draft.decode
     monkeypatch.setattr(self_draft, "decode", lambda t, p, logits_from=None: (
@@ -179,7 +179,7 @@ def test_eos_inside_accepted_draft(smol_target, self_draft):
     # has every token accepted); as the first token of a pass it emits nothing and yields no
     # step. Several K make sure it lands strictly inside an accepted draft at least once.
     for k in (8, 7, 5):
-        engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=k))
+        engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=k, draft_p_min=0.0))
         steps, got = steps_of(engine, toks, max_tokens=400, reuse_cache=False)
         assert got.finish_reason == "eos"
         assert got.tokens == want.tokens
@@ -197,7 +197,7 @@ def test_stop_string_inside_draft(smol_target, self_draft):
     stop = "\n5."
     assert stop in free.text
     alone = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
-    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8))
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0))
     got = engine.run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
     assert got.finish_reason == alone.finish_reason == "stop"
     assert got.text == alone.text == free.text[: free.text.index(stop)]
@@ -210,7 +210,7 @@ def test_stop_string_inside_draft(smol_target, self_draft):
 def test_max_tokens_mid_draft(smol_target, self_draft):
     toks = prompt_tokens(smol_target, "code")
     want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=37, reuse_cache=False)
-    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8))
+    engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0))
     got = engine.run(toks, max_tokens=37, reuse_cache=False)
     assert len(got.tokens) == 37 and got.finish_reason == "length"
     assert got.tokens == want.tokens
@@ -229,7 +229,7 @@ def test_context_end(model_path, pair_name):
         n_ctx = target.n_ctx  # llama.cpp may round the context up
         toks = (target.tokenize(PROMPTS["list"], add_special=True) * 64)[: n_ctx - 24]
         want = Engine(target, None, SpecConfig(mode="none")).run(toks, max_tokens=500, reuse_cache=False)
-        got = Engine(target, draft, SpecConfig(mode="draft", draft_max=8)).run(toks, max_tokens=500, reuse_cache=False)
+        got = Engine(target, draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0)).run(toks, max_tokens=500, reuse_cache=False)
         assert got.finish_reason == want.finish_reason
         assert got.tokens == want.tokens
         if want.finish_reason == "length":

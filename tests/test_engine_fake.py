@@ -30,7 +30,7 @@ def test_output_is_the_target_alone_and_caches_stay_consistent(mode: str, wrong:
     rule = cycle_rule(TEXT)
     target = FakeModel(rule)
     draft = FakeModel(wrong_every(rule, wrong) if wrong else rule, seed=1)
-    eng = Engine(target, draft, SpecConfig(mode=mode, draft_max=5))
+    eng = Engine(target, draft, SpecConfig(mode=mode, draft_max=5, draft_p_min=0.0))
     res = run(eng)
     assert res.tokens == alone().tokens
     # Both caches hold the run's tokens, all but the pending last one, and nothing past it.
@@ -136,7 +136,7 @@ def test_sampled_runs_repeat_with_their_seed() -> None:
 
     def once() -> list[int]:
         target, draft = FakeModel(rule, peak=2.0), FakeModel(wrong_every(rule, 4), peak=2.0, seed=1)
-        return run(Engine(target, draft, SpecConfig(mode="draft", draft_max=4)), n=30, params=params).tokens
+        return run(Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0)), n=30, params=params).tokens
 
     a, b = once(), once()
     assert a == b and len(a) == 30

@@ -470,7 +470,7 @@ def test_draft_make_registers_a_draft_that_speculates_exactly(
         alone = Engine(target, None, SpecConfig(mode="none")).run(
             toks, max_tokens=48, reuse_cache=False
         )
-        spec = Engine(target, draft, SpecConfig(mode="draft", draft_max=4)).run(
+        spec = Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0)).run(
             toks, max_tokens=48, reuse_cache=False
         )
         assert spec.tokens == alone.tokens and len(alone.tokens) >= 8

@@ -123,7 +123,7 @@ CASES = [pytest.param(pair, *cfg[1:-1], id=f"{cfg[0]}-{pair}") for cfg in CONFIG
 def test_mode_equals_target_alone(pairs, prompts, baselines, pair_name, mode, lookup_min, lookup_max,
                                   draft_max, with_draft, keys):
     target, draft = pairs[pair_name]
-    cfg = SpecConfig(mode=mode, draft_max=draft_max, lookup_min=lookup_min, lookup_max=lookup_max)
+    cfg = SpecConfig(mode=mode, draft_max=draft_max, lookup_min=lookup_min, lookup_max=lookup_max, draft_p_min=0.0)
     engine = Engine(target, draft if with_draft else None, cfg)
     use = LookupUse()
     drafted = 0

@@ -145,7 +145,7 @@ def test_prompt_is_uncertain(first_dists):
 
 
 def test_rejection_sampling_matches_target(smol_target, smol_draft, prompt, baseline, first_dists):
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="rejection"))
+    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="rejection", draft_p_min=0.0))
     got, stats = first_two(engine, prompt, SPEC_SEEDS)
     for what, (stat, df, p) in compare("draft+rejection", got, baseline).items():
         assert df >= 10 and p > ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e}"
@@ -160,7 +160,7 @@ def test_rejection_sampling_matches_target(smol_target, smol_draft, prompt, base
 
 
 def test_sample_and_match_matches_target(smol_target, smol_draft, prompt, baseline, first_dists):
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="match"))
+    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="match", draft_p_min=0.0))
     got, stats = first_two(engine, prompt, SPEC_SEEDS)
     for what, (stat, df, p) in compare("draft+match", got, baseline).items():
         assert df >= 10 and p > ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e}"
@@ -187,7 +187,7 @@ STORY = "Write a short story about a lighthouse keeper."
 
 
 def test_same_seed_same_tokens_different_seed_different(smol_target, smol_draft):
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4))
+    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
     engine.reset()
     toks = chat(smol_target, STORY)
     params = SamplingParams(temp=0.8, seed=1234)
@@ -206,7 +206,7 @@ def test_same_seed_same_tokens_different_seed_different(smol_target, smol_draft)
 def test_temp_zero_is_greedy_and_exact(smol_target, smol_draft, text):
     toks = chat(smol_target, text)
     greedy = SamplingParams(temp=0.0, seed=5)
-    spec = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4))
+    spec = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
     spec.reset()
     got = spec.run(toks, max_tokens=64, params=greedy, reuse_cache=False)
     alone = Engine(smol_target, None, SpecConfig(mode="none"))
