@@ -25,6 +25,7 @@ from specrun.llama.backend import (
     deferred_signals,
     init_backend,
     load_progress,
+    local_gpus,
     parse_load_log,
     physical_cores,
 )
@@ -107,8 +108,9 @@ class Model:
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = load_progress
         # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
+        offloads = opts.n_gpu_layers != 0 and bool(local_gpus())
         self._buft_overrides = (
-            weight_buffers(self.path, mparams, opts.n_gpu_layers, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
+            weight_buffers(self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
             if not opts.vocab_only else None
         )
         t0 = time.perf_counter()
