@@ -30,6 +30,7 @@ from specrun.llama.backend import (
     physical_cores,
 )
 from specrun.llama.buffers import AMX_OPT_IN, weight_buffers
+from specrun.llama.rpc import keepalive, place_devices
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class LoadOptions:
     # False: llama.cpp's own placement (faster single rows for Q4_K; batches may part).
     exact_rows: bool = True
     check_tensors: bool = False
+    # RPC workers ("HOST:PORT", checked and registered by llama.rpc) whose devices take the
+    # offloaded layers, before this machine's GPUs, as llama.cpp orders them; and the share of
+    # the offloaded layers each device takes (llama.cpp's --tensor-split; () = by free memory).
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,9 @@ class Model:
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = load_progress
-        # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
-        offloads = opts.n_gpu_layers != 0 and bool(local_gpus())
+        # Kept for the model's life: llama.cpp keeps a copy of mparams, pointers included.
+        self._placement = None if opts.vocab_only else place_devices(mparams, opts.rpc, opts.tensor_split)
+        offloads = opts.n_gpu_layers != 0 and (bool(opts.rpc) or bool(local_gpus()))
         self._buft_overrides = (
             weight_buffers(self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
             if not opts.vocab_only else None
@@ -121,6 +128,8 @@ class Model:
         finally:
             self.load_report = parse_load_log(log)
         self.load_seconds = time.perf_counter() - t0
+        if opts.rpc and not opts.vocab_only:
+            keepalive(opts.rpc)
         # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on: every decode
         # goes one row at a time (see LoadOptions.amx_rows).
         self.single_rows = (
@@ -153,7 +162,10 @@ class Model:
         cparams.n_threads_batch = opts.n_threads_batch or threads
         cparams.no_perf = True
         cparams.n_outputs_max = opts.n_outputs_max
-        flash = opts.flash_attn if opts.flash_attn is not None else auto_flash_attn(opts.n_gpu_layers, opts.type_v)
+        flash = (
+            opts.flash_attn if opts.flash_attn is not None
+            else auto_flash_attn(opts.n_gpu_layers, opts.type_v, remote=bool(opts.rpc))
+        )
         if flash is not None:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -237,6 +249,8 @@ class Model:
             "gpu_layers": rep.get("gpu_layers", 0),
             "buffers_mib": dict(rep.get("buffers_mib", {})),
             "single_row_decode": self.single_rows,
+            "rpc": list(self.opts.rpc),
+            "tensor_split": list(self.opts.tensor_split),
         }
 
     def vocab_facts(self) -> VocabFacts:
