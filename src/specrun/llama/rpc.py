@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import llama_cpp as ll
 
@@ -112,7 +113,7 @@ def check_worker(ep: Endpoint, timeout: float = CHECK_TIMEOUT) -> WorkerInfo:
         raise WorkerError(f"RPC worker {ep}: cannot resolve {ep.host!r} ({e})") from None
     where = f"RPC worker {ep}"
     try:
-        with socket.create_connection(addrs[0][4], timeout=timeout) as s:
+        with socket.create_connection((str(addrs[0][4][0]), ep.port), timeout=timeout) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 hello = _call(s, _CMD_HELLO, bytes(_CONN_CAPS))
@@ -160,7 +161,7 @@ class _Registry:
 _registered = _Registry()
 
 
-def _fn(name: str, restype: object, argtypes: list[object]) -> Callable[..., object]:
+def _fn(name: str, restype: Any, argtypes: list[Any]) -> Callable[..., Any]:
     f = getattr(ll.llama_cpp._lib, name)
     f.restype, f.argtypes = restype, argtypes
     return f
@@ -182,7 +183,7 @@ def _rpc_proc(name: str) -> int:
     addr = proc(by_name(b"RPC"), name.encode())
     if not addr:
         raise SpecrunError(f"llama.cpp's RPC backend has no {name}")
-    return int(addr)  # type: ignore[arg-type]
+    return int(addr)
 
 
 _checked: dict[Endpoint, WorkerInfo] = {}
@@ -222,7 +223,7 @@ def add_workers(endpoints: Sequence[str | Endpoint]) -> list[WorkerInfo]:
             reg = add(str(ep).encode())
             if not reg:
                 raise WorkerError(f"RPC worker {ep} has no devices")
-            _registered.devices[ep] = [int(get_dev(reg, i)) for i in range(int(n_dev(reg)))]  # type: ignore[arg-type]
+            _registered.devices[ep] = [int(get_dev(reg, i)) for i in range(int(n_dev(reg)))]
     return infos
 
 
