@@ -109,13 +109,16 @@ class Model:
         self._batch: Any = None
 
         mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = opts.n_gpu_layers
+        # Nowhere to offload to (no GPU here, no RPC workers): 0, not llama.cpp's default of all,
+        # which a build with RPC would log as "offloaded 31/31 layers to GPU" with every layer here.
+        has_devices = bool(opts.rpc) or bool(local_gpus())
+        mparams.n_gpu_layers = opts.n_gpu_layers if has_devices else 0
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = load_progress
         # Kept for the model's life: llama.cpp keeps a copy of mparams, pointers included.
         self._placement = None if opts.vocab_only else place_devices(mparams, opts.rpc, opts.tensor_split)
-        offloads = opts.n_gpu_layers != 0 and (bool(opts.rpc) or bool(local_gpus()))
+        offloads = opts.n_gpu_layers != 0 and has_devices
         self._buft_overrides = (
             weight_buffers(self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
             if not opts.vocab_only else None
