@@ -14,7 +14,9 @@ LLAMA_CPP_PIN := llama-cpp-python==0.3.36
 # output could differ from the target's own at near-ties (logits ~1e-2 apart). Without it every
 # batch size takes ggml's own kernels and batched logits equal one-at-a-time logits bit for bit,
 # at the same speed on CPU (README.md, "Install it your way").
-LLAMA_CMAKE := -DGGML_LLAMAFILE=OFF
+# GGML_RPC=ON: llama.cpp's RPC backend, for `specrun worker` and `--rpc` (README.md, "Across
+# machines").
+LLAMA_CMAKE := -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON
 ifeq ($(GPU),cuda)
   CMAKE_ARGS := $(LLAMA_CMAKE) -DGGML_CUDA=on
 else ifeq ($(GPU),metal)

@@ -135,9 +135,9 @@ def test_ngl_auto_and_all_as_llama_cpp_takes_them():
     m = info("-m", SMOL_Q4_1, "--n-gpu-layers", "all", "--ctx-size", "512")  # llama.cpp's long names
     assert m["models"][0]["placement"]["n_ctx"] == 512
     notes = info("-m", SMOL_Q4_1, "--ngl", "all")["memory"]["notes"]
-    from specrun.llama.backend import supports_gpu_offload
+    from specrun.llama.backend import local_gpus
 
-    if not supports_gpu_offload():
+    if not local_gpus():
         assert any("--ngl all is ignored" in n for n in notes), notes
 
 

@@ -100,9 +100,17 @@ def test_cpu_only_build_ignores_ngl_with_a_warning():
     planned, notes = plan_memory([("m", s, Placement(n_ctx=2048), 99, "--ngl")], BIG_HOST, gpu_free=None)
     assert planned[0].placement.n_gpu_layers == 0 and planned[0].estimate.device == 0
     # 99 is more layers than the model has: said as llama.cpp's `all`, what it means
-    assert any("no GPU offload" in x and "--ngl all" in x for x in notes)
+    assert any("no GPU here to offload to" in x and "--ngl all" in x for x in notes)
     # The default (-1, all) says nothing on a CPU build.
     _, notes = plan_memory([("m", s, Placement(n_ctx=2048), -1, "--ngl")], BIG_HOST, gpu_free=None)
+    assert notes == []
+
+
+def test_a_target_on_rpc_workers_and_its_draft_here_draw_on_their_own_memory():
+    s = _shape()
+    items = [("t", s, Placement(n_ctx=2048), -1, "--ngl"), ("d", s, Placement(n_ctx=2048), -1, "--ngl-draft")]
+    planned, notes = plan_memory(items, BIG_HOST, gpu_free=[64 * 1024 * MIB, None])
+    assert planned[0].placement.n_gpu_layers == s.n_layer + 1 and planned[1].placement.n_gpu_layers == 0
     assert notes == []
 
 

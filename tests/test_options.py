@@ -52,12 +52,13 @@ def test_model_options_become_llama_params_per_model():
     # Defaults: the draft follows the target; flash attention auto is off for a model on the CPU
     # (row-exact batches), llama.cpp's choice (None) for one offloaded to a GPU, on for a
     # quantized V cache.
-    from specrun.llama.backend import supports_gpu_offload
+    # (A GPU here, not llama_supports_gpu_offload(): a build with RPC says True on any machine.)
+    from specrun.llama.backend import local_gpus
 
     o = ModelOptions(ctx=2048, threads=3)
     d = o.load_options(True)
     assert (d.n_ctx, d.n_threads) == (2048, 3)
-    assert d.flash_attn is (None if supports_gpu_offload() else False)
+    assert d.flash_attn is (None if local_gpus() else False)
     assert ModelOptions(ngl=0).load_options(False).flash_attn is False
     assert ModelOptions(cache_type_v="q8_0").load_options(False).flash_attn is True
 

@@ -42,6 +42,9 @@ class ModelOptions:
     lookup_draft_max: int = defaults.LOOKUP_DRAFT_MAX
     ngl: int = -1  # -1: the layers that fit (--ngl auto); options.NGL_ALL: all of them
     ngl_draft: int = -1
+    rpc: str | None = None  # HOST:PORT[,HOST:PORT...]: llama.cpp RPC workers for the target's layers
+    rpc_draft: bool = False  # the draft's layers on the workers too (default: the draft stays local)
+    tensor_split: str | None = None  # shares of the offloaded layers per device, "3,1" (llama.cpp's -ts)
     ctx: int = DEFAULT_CTX
     ctx_draft: int | None = None  # None: same as the target's
     threads: int | None = None
@@ -87,7 +90,32 @@ class ModelOptions:
             for flag, name in (types[1], types[3]):
                 if name is not None and CACHE_TYPES[name.lower()][2] > 1:
                     raise UsageError(f"{flag} {name} needs flash attention: drop --flash-attn off or use f16")
+        self.rpc_endpoints()
+        self.tensor_split_shares()
+        if self.rpc_draft and not self.rpc:
+            raise UsageError("--rpc-draft puts the draft on the --rpc workers: give --rpc HOST:PORT too")
         self.spec_config(DEFAULT_DRAFT_MAX).validate()
+
+    def rpc_endpoints(self, draft: bool = False) -> tuple[str, ...]:
+        """The workers a model's layers go to ("HOST:PORT" each); the draft's only with --rpc-draft."""
+        if not self.rpc or (draft and not self.rpc_draft):
+            return ()
+        from specrun.llama.rpc import parse_endpoints
+
+        return tuple(str(ep) for ep in parse_endpoints(self.rpc))
+
+    def tensor_split_shares(self) -> tuple[float, ...]:
+        """--tensor-split 3,1 (or 3/1) -> (3.0, 1.0): llama.cpp's proportions, device by device."""
+        if self.tensor_split is None:
+            return ()
+        parts = [p.strip() for p in self.tensor_split.replace("/", ",").split(",")]
+        try:
+            shares = tuple(float(p) for p in parts)
+        except ValueError:
+            raise UsageError(f"--tensor-split takes numbers like 3,1; got {self.tensor_split!r}") from None
+        if any(not (x >= 0 and x < float("inf")) for x in shares) or not any(shares):
+            raise UsageError(f"--tensor-split shares must be >= 0 and not all 0; got {self.tensor_split!r}")
+        return shares
 
     def load_options(self, draft: bool) -> Any:
         """llama.cpp's parameters for the target (or the draft): what runtime.Model is given."""
@@ -98,27 +126,30 @@ class ModelOptions:
         type_k = (self.cache_type_k_draft or self.cache_type_k) if draft else self.cache_type_k
         type_v = (self.cache_type_v_draft or self.cache_type_v) if draft else self.cache_type_v
         ngl = self.ngl_draft if draft else self.ngl
+        rpc = self.rpc_endpoints(draft)
         type_v_id = cache_type_id(type_v, "--cache-type-v")
         return LoadOptions(
             n_ctx=ctx,
             n_gpu_layers=ngl,
             n_threads=(self.threads_draft or self.threads) if draft else self.threads,
             n_batch=min(self.batch, ctx),
-            flash_attn=self._flash_attn(ngl, type_v_id),
+            flash_attn=self._flash_attn(ngl, type_v_id, remote=bool(rpc)),
             type_k=cache_type_id(type_k, "--cache-type-k"),
             type_v=type_v_id,
             n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
             amx_rows=draft,  # a draft decodes one token at a time: AMX's fast single-row kernel
+            rpc=rpc,
+            tensor_split=() if draft else self.tensor_split_shares(),
         )
 
-    def _flash_attn(self, ngl: int, type_v: int) -> bool | None:
+    def _flash_attn(self, ngl: int, type_v: int, remote: bool = False) -> bool | None:
         """--flash-attn on/off as given; auto as runtime.auto_flash_attn decides (off on the CPU)."""
         flag = self.flash_attn_flag
         if flag is not None:
             return flag
         from specrun.llama.backend import auto_flash_attn
 
-        return auto_flash_attn(ngl, type_v)
+        return auto_flash_attn(ngl, type_v, remote=remote)
 
     def default_draft_max(self, pair_draft_max: int | None) -> int:
         k = pair_draft_max or DEFAULT_DRAFT_MAX
@@ -206,6 +237,7 @@ def _prevalidate(path: Path) -> Any:
 def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> tuple[list[Any], list[str]]:
     """The memory each model of the plan will take where, decided before loading (or refused)."""
     from specrun.llama.backend import gpu_free_memory
+    from specrun.llama.rpc import worker_free_memory
     from specrun.models import memory
 
     items = []
@@ -223,7 +255,14 @@ def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> 
         ngl = opts.ngl_draft if is_draft else opts.ngl
         flag = "--ngl-draft" if is_draft else "--ngl"
         items.append((r.name, memory.ModelShape.from_gguf(info, target=not is_draft), placement, ngl, flag))
-    return memory.plan_memory(items, memory.host_memory(), gpu_free_memory(), check=opts.mem_check)
+    local = gpu_free_memory()
+    if not opts.rpc:
+        return memory.plan_memory(items, memory.host_memory(), local, check=opts.mem_check)
+    # The workers' devices (checked here, before llama.cpp connects) and this machine's GPUs;
+    # a draft kept local draws on this machine's GPUs alone.
+    remote = worker_free_memory(opts.rpc_endpoints()) + (local or 0)
+    pools: list[int | None] = [remote, remote if opts.rpc_draft else local][: len(items)]
+    return memory.plan_memory(items, memory.host_memory(), pools, check=opts.mem_check)
 
 
 def load(
@@ -236,7 +275,7 @@ def load(
     build the Engine. ``warn`` gets the memory notes (stderr lines)."""
     from dataclasses import replace
 
-    from specrun.llama.backend import supports_gpu_offload
+    from specrun.llama.backend import local_gpus
     from specrun.llama.model import Model
     from specrun.models import compat
 
@@ -250,7 +289,7 @@ def load(
 
         def load_opts(i: int) -> Any:
             lo = opts.load_options(i == 1)
-            if supports_gpu_offload() and opts.mem_check:
+            if opts.mem_check and (opts.rpc_endpoints(i == 1) or local_gpus()):
                 lo = replace(lo, n_gpu_layers=planned[i].placement.n_gpu_layers)
             return lo
 

@@ -59,9 +59,25 @@ def json_line(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _last_words(line: str) -> None:
+    """llama.cpp is about to end the process (an RPC worker was lost mid-run): what was generated
+    stays printed, then the one line that says why (exit 1)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    sys.stderr.write(("\n" if sys.stdout.isatty() else "") + f"specrun: error: {line}\n")
+    sys.stderr.flush()
+
+
 def load_engine(opts: Any, streams: Streams) -> session.Loaded:
     """Resolve (pulling what is missing, with progress bars) and load (with a spinner), on a terminal."""
     from specrun.models.registry import Registry
+
+    if opts.rpc:
+        from specrun.llama.rpc import set_fatal_handler
+
+        set_fatal_handler(_last_words)
 
     registry = Registry.load(verbose=opts.verbose)
     progress = pull_progress(streams.stderr_tty)

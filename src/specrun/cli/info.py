@@ -35,12 +35,17 @@ def build_info() -> dict[str, Any]:
 
     sysinfo = runtime.system_info()
     devs = runtime.devices()
+    from specrun.llama.rpc import supports_rpc
+
     backends = sorted({d.name.rstrip("0123456789") for d in devs}) or ["CPU"]
-    gpu = runtime.supports_gpu_offload()
+    # llama_supports_gpu_offload() is also true for a build with the RPC backend alone: whether
+    # this machine has a GPU is whether llama.cpp registered one.
+    gpu = bool(runtime.local_gpus())
     return {
         "specrun": _version("specrun"),
         "llama_cpp_python": _version("llama-cpp-python"),
         "gpu_offload": gpu,
+        "rpc": supports_rpc(),
         "kind": "GPU (" + ", ".join(b for b in backends if b != "CPU") + ")" if gpu else "CPU only",
         "backends": backends,
         "mmap": runtime.supports_mmap(),
@@ -75,6 +80,7 @@ def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned
             "type_k": planned.placement.type_k,
             "type_v": planned.placement.type_v,
             "flash_attn": "on" if planned.placement.flash_attn else opts.flash_attn.lower(),
+            "rpc": list(opts.rpc_endpoints(role == "draft")),
         },
         "estimate": planned.estimate.to_dict(),
     }
@@ -107,6 +113,7 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     fits = need <= mem.available + mem.swap_free
     out: dict[str, Any] = {
         "pair_draft_max": p.pair_draft_max,
+        "workers": workers_info(opts),
         "models": [
             _model_facts("target" if i == 0 else "draft", r.name, r.path, info, ModelShape.from_gguf(info, target=i == 0), pl, opts)
             for i, (r, info, pl) in enumerate(zip(resolved, infos, planned, strict=True))
@@ -129,6 +136,22 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     return out
 
 
+def workers_info(opts: Any) -> list[dict[str, Any]]:
+    """What each --rpc worker said when checked (protocol's HELLO, its devices' memory)."""
+    if not opts.rpc:
+        return []
+    from specrun.llama.rpc import check_workers
+
+    return [
+        {
+            "endpoint": str(w.endpoint),
+            "protocol": ".".join(map(str, w.version)),
+            "devices": [{"free": free, "total": total} for free, total in w.memory],
+        }
+        for w in check_workers(opts.rpc_endpoints())
+    ]
+
+
 def _gib(n: int | float) -> str:
     from specrun.models.memory import gib
 
@@ -140,6 +163,7 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
         f"specrun {b['specrun']}  ·  llama-cpp-python {b['llama_cpp_python']}",
         f"build     {b['kind']}; backends {', '.join(b['backends'])}; GPU offload "
         f"{'yes' if b['gpu_offload'] else 'no (make install GPU=cuda|metal for one)'}; "
+        f"RPC {'yes (specrun worker, --rpc)' if b.get('rpc') else 'no'}; "
         f"mmap {'yes' if b['mmap'] else 'no'}, mlock {'yes' if b['mlock'] else 'no'}",
         f"cpu flags {b['system_info']}",
         "exactness " + (
@@ -167,10 +191,15 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
     if "error" in models:
         lines.append(f"models    {models['error']}")
         return "\n".join(lines)
+    for w in models.get("workers", []):
+        devs = "; ".join(f"device {i}: {_gib(d['free'])} free of {_gib(d['total'])}"
+                         for i, d in enumerate(w["devices"]))
+        lines.append(f"worker    {w['endpoint']} (RPC protocol v{w['protocol']}): {devs}")
     lines.append("")
     for x in models["models"]:
         e, pl = x["estimate"], x["placement"]
-        where = (f"{pl['gpu_layers']}/{x['n_layer'] + 1} layers on the GPU" if pl["gpu_layers"]
+        on = f"the RPC workers {','.join(pl['rpc'])}" if pl.get("rpc") else "the GPU"
+        where = (f"{pl['gpu_layers']}/{x['n_layer'] + 1} layers on {on}" if pl["gpu_layers"]
                  else "CPU")
         lines.append(f"{x['role']:<6}    {x['name']}  ({x['path']})")
         lines.append(
@@ -188,7 +217,8 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
     verdict = "fits" if mm["fits"] else "does NOT fit"
     lines.append(
         f"memory    {_gib(mm['host_needed'])} of RAM"
-        + (f" + {_gib(mm['device_needed'])} of GPU memory" if mm["device_needed"] else "")
+        + (f" + {_gib(mm['device_needed'])} of {'GPU/worker' if models.get('workers') else 'GPU'} memory"
+           if mm["device_needed"] else "")
         + f" needed, {_gib(mm['host_available'])} available: {verdict}"
     )
     for n in mm["notes"]:

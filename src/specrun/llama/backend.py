@@ -194,18 +194,22 @@ def system_info() -> str:
     return str(ll.llama_print_system_info().decode("utf-8", errors="replace").strip())
 
 
-def auto_flash_attn(n_gpu_layers: int, type_v: int | None) -> bool | None:
-    """Flash attention when none was asked for: off for a model on the CPU, on for a quantized
-    V cache (which needs it), llama.cpp's own choice (None) for one offloaded to a GPU.
+def auto_flash_attn(n_gpu_layers: int, type_v: int | None, remote: bool = False) -> bool | None:
+    """Flash attention when none was asked for: off for a model on the CPU or on RPC workers,
+    on for a quantized V cache (which needs it), llama.cpp's own choice (None) for one offloaded
+    to this machine's GPUs.
 
     llama.cpp's CPU flash-attention kernel gives a row decoded in a batch other logits than the
     same row decoded alone once the context is a few hundred tokens long (measured with SmolLM2:
     up to 6e-2 at 400 tokens, exact below ~256), so greedy speculation could part from the target
-    alone at a near-tie. Without it, CPU batches are row-exact.
+    alone at a near-tie. Without it, CPU batches are row-exact. An RPC worker's devices all say
+    "GPU" whatever they are (the protocol does not tell), so a worker is treated as a CPU: off.
+    ``llama_supports_gpu_offload()`` is no guide: a build with the RPC backend says True on a
+    machine without a GPU.
     """
     if type_v is not None and type_v not in (0, 1, 30):  # f32, f16, bf16
         return True
-    if n_gpu_layers == 0 or not supports_gpu_offload():
+    if n_gpu_layers == 0 or remote or not local_gpus():
         return False
     return None
 
@@ -234,44 +238,65 @@ class Device:
 _DEV_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
 
 
-def devices() -> list[Device]:
-    """The devices llama.cpp's backends registered (ggml_backend_dev_*, in libggml-base)."""
-    init_backend()
+def _dev_fns() -> dict[str, Any] | None:
     lib = ll.llama_cpp._lib
     try:
-        count, get = lib.ggml_backend_dev_count, lib.ggml_backend_dev_get
-        name, desc = lib.ggml_backend_dev_name, lib.ggml_backend_dev_description
-        kind, memory = lib.ggml_backend_dev_type, lib.ggml_backend_dev_memory
+        fns = {
+            "count": lib.ggml_backend_dev_count, "get": lib.ggml_backend_dev_get,
+            "name": lib.ggml_backend_dev_name, "desc": lib.ggml_backend_dev_description,
+            "kind": lib.ggml_backend_dev_type, "memory": lib.ggml_backend_dev_memory,
+        }
     except AttributeError:  # pragma: no cover - a build that does not export them
-        return []
-    count.restype, count.argtypes = ctypes.c_size_t, []
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    for f in (name, desc):
+        return None
+    fns["count"].restype, fns["count"].argtypes = ctypes.c_size_t, []
+    fns["get"].restype, fns["get"].argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    for f in (fns["name"], fns["desc"]):
         f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-    kind.restype, kind.argtypes = ctypes.c_int, [ctypes.c_void_p]
-    memory.restype = None
-    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-    out = []
-    for i in range(int(count())):
-        dev = get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        memory(dev, ctypes.byref(free), ctypes.byref(total))
-        k = int(kind(dev))
-        out.append(Device(
-            name=(name(dev) or b"").decode("utf-8", "replace"),
-            description=(desc(dev) or b"").decode("utf-8", "replace"),
-            kind=_DEV_KINDS[k] if 0 <= k < len(_DEV_KINDS) else str(k),
-            free=int(free.value),
-            total=int(total.value),
-        ))
-    return out
+    fns["kind"].restype, fns["kind"].argtypes = ctypes.c_int, [ctypes.c_void_p]
+    fns["memory"].restype = None
+    fns["memory"].argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    return fns
+
+
+def device_of(handle: int) -> Device:
+    """A ggml_backend_dev_t as a Device (its memory asked now: for an RPC device, a round trip)."""
+    init_backend()
+    f = _dev_fns()
+    assert f is not None
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    f["memory"](handle, ctypes.byref(free), ctypes.byref(total))
+    k = int(f["kind"](handle))
+    return Device(
+        name=(f["name"](handle) or b"").decode("utf-8", "replace"),
+        description=(f["desc"](handle) or b"").decode("utf-8", "replace"),
+        kind=_DEV_KINDS[k] if 0 <= k < len(_DEV_KINDS) else str(k),
+        free=int(free.value),
+        total=int(total.value),
+    )
+
+
+def device_handles() -> list[int]:
+    """The devices llama.cpp's backends registered in this process (RPC workers are not)."""
+    init_backend()
+    f = _dev_fns()
+    if f is None:
+        return []
+    return [int(f["get"](i)) for i in range(int(f["count"]()))]
+
+
+def devices() -> list[Device]:
+    """The devices llama.cpp's backends registered (ggml_backend_dev_*, in libggml-base)."""
+    return [device_of(h) for h in device_handles()]
+
+
+def local_gpus() -> list[Device]:
+    """This machine's GPUs llama.cpp can offload to (a build with RPC alone has none)."""
+    return [d for d in devices() if d.kind in ("gpu", "igpu")]
 
 
 def gpu_free_memory() -> int | None:
-    """Free bytes over the GPUs llama.cpp can offload to; None when this build cannot offload."""
-    if not supports_gpu_offload():
-        return None
-    gpus = [d for d in devices() if d.kind in ("gpu", "igpu")]
+    """Free bytes over this machine's GPUs llama.cpp can offload to; None when it has none."""
+    gpus = local_gpus()
     return sum(d.free for d in gpus) if gpus else None
 
 

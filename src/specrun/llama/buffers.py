@@ -12,7 +12,7 @@ from typing import Any
 import llama_cpp as ll
 
 from specrun.errors import SpecrunError
-from specrun.llama.backend import init_backend, supports_gpu_offload
+from specrun.llama.backend import init_backend
 
 _extra_bufts: dict[str, int] | None = None
 AMX_OPT_IN = "SPECRUN_ALLOW_AMX"
@@ -60,7 +60,7 @@ class _BuftOverride(ctypes.Structure):
 ROW_EXACT_REPACK = ("Q4_0",)
 
 
-def weight_buffers(path: Path, mparams: Any, n_gpu_layers: int, single_rows: bool, exact: bool) -> Any:
+def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
     """Where a model's weights go on the CPU; returns what must outlive the load.
 
     Two reasons to override llama.cpp's choice of extra buffer types:
@@ -82,8 +82,10 @@ def weight_buffers(path: Path, mparams: Any, n_gpu_layers: int, single_rows: boo
     amx = "AMX" in bufts and os.environ.get(AMX_OPT_IN) != "1" and not single_rows
     if not amx and not exact:
         return None
-    if n_gpu_layers != 0 and supports_gpu_offload():
-        if amx:
+    if offloads:
+        # Layers go to GPUs or RPC workers too: the ones left on the CPU keep plain buffers
+        # (patterns by layer would also catch the offloaded ones).
+        if amx or exact:
             mparams.use_extra_bufts = False
         return None
     from specrun.llama.gguf import validate_gguf

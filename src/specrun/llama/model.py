@@ -25,10 +25,12 @@ from specrun.llama.backend import (
     deferred_signals,
     init_backend,
     load_progress,
+    local_gpus,
     parse_load_log,
     physical_cores,
 )
 from specrun.llama.buffers import AMX_OPT_IN, weight_buffers
+from specrun.llama.rpc import keepalive, place_devices
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ class LoadOptions:
     # False: llama.cpp's own placement (faster single rows for Q4_K; batches may part).
     exact_rows: bool = True
     check_tensors: bool = False
+    # RPC workers ("HOST:PORT", checked and registered by llama.rpc) whose devices take the
+    # offloaded layers, before this machine's GPUs, as llama.cpp orders them; and the share of
+    # the offloaded layers each device takes (llama.cpp's --tensor-split; () = by free memory).
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,13 +109,18 @@ class Model:
         self._batch: Any = None
 
         mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = opts.n_gpu_layers
+        # Nowhere to offload to (no GPU here, no RPC workers): 0, not llama.cpp's default of all,
+        # which a build with RPC would log as "offloaded 31/31 layers to GPU" with every layer here.
+        has_devices = bool(opts.rpc) or bool(local_gpus())
+        mparams.n_gpu_layers = opts.n_gpu_layers if has_devices else 0
         mparams.check_tensors = opts.check_tensors
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = load_progress
-        # Kept for the model's life: llama.cpp keeps a copy of mparams, pointer included.
+        # Kept for the model's life: llama.cpp keeps a copy of mparams, pointers included.
+        self._placement = None if opts.vocab_only else place_devices(mparams, opts.rpc, opts.tensor_split)
+        offloads = opts.n_gpu_layers != 0 and has_devices
         self._buft_overrides = (
-            weight_buffers(self.path, mparams, opts.n_gpu_layers, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
+            weight_buffers(self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
             if not opts.vocab_only else None
         )
         t0 = time.perf_counter()
@@ -119,6 +131,8 @@ class Model:
         finally:
             self.load_report = parse_load_log(log)
         self.load_seconds = time.perf_counter() - t0
+        if opts.rpc and not opts.vocab_only:
+            keepalive(opts.rpc)
         # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on: every decode
         # goes one row at a time (see LoadOptions.amx_rows).
         self.single_rows = (
@@ -151,7 +165,10 @@ class Model:
         cparams.n_threads_batch = opts.n_threads_batch or threads
         cparams.no_perf = True
         cparams.n_outputs_max = opts.n_outputs_max
-        flash = opts.flash_attn if opts.flash_attn is not None else auto_flash_attn(opts.n_gpu_layers, opts.type_v)
+        flash = (
+            opts.flash_attn if opts.flash_attn is not None
+            else auto_flash_attn(opts.n_gpu_layers, opts.type_v, remote=bool(opts.rpc))
+        )
         if flash is not None:
             cparams.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -238,6 +255,8 @@ class Model:
             "gpu_layers": rep.get("gpu_layers", 0),
             "buffers_mib": dict(rep.get("buffers_mib", {})),
             "single_row_decode": self.single_rows,
+            "rpc": list(self.opts.rpc),
+            "tensor_split": list(self.opts.tensor_split),
         }
 
     def vocab_facts(self) -> VocabFacts:

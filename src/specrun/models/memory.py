@@ -313,29 +313,34 @@ class Planned:
 def plan_memory(
     items: list[tuple[str, ModelShape, Placement, int, str]],
     host: HostMemory,
-    gpu_free: int | None,
+    gpu_free: int | None | list[int | None],
     check: bool = True,
 ) -> tuple[list[Planned], list[str]]:
     """Decide GPU layers and check that everything fits, before anything is loaded.
 
     ``items``: (name, shape, placement, requested --ngl, its flag), the target first: it gets the
-    GPU memory first. ``gpu_free``: free bytes over the GPUs, None when the build has no GPU
-    offload. ``--ngl -1`` (all) takes the layers that fit and says so when that is not all of
-    them; an explicit ``--ngl N`` that does not fit is refused with the number that would.
+    GPU memory first. ``gpu_free``: free bytes over the devices layers can be offloaded to (GPUs,
+    RPC workers), None when there are none; a list: one such figure per item, for models placed
+    on different devices (a target on RPC workers, its draft on this machine). ``--ngl -1``
+    (all) takes the layers that fit and says so when that is not all of them; an explicit ``--ngl N`` that does not fit is refused with the number that would.
     Returns the plan and warning lines for stderr.
     """
     notes: list[str] = []
-    left = gpu_free
+    pools = gpu_free if isinstance(gpu_free, list) else None
+    left = None if isinstance(gpu_free, list) else gpu_free
     out: list[Planned] = []
-    for name, shape, pl, ngl, flag in items:
+    for i, (name, shape, pl, ngl, flag) in enumerate(items):
+        if pools is not None:
+            left = pools[i]
         all_layers = shape.n_layer + 1
         asked = "all" if ngl > all_layers else ngl  # --ngl all (or 999, as often written)
         want = all_layers if ngl < 0 else min(ngl, all_layers)
         if left is None:
             if ngl > 0:
                 notes.append(
-                    f"warning: this llama.cpp build has no GPU offload, so {flag} {asked} is ignored "
-                    f"and {name} runs on the CPU (GPU builds: make install GPU=cuda|metal)"
+                    f"warning: there is no GPU here to offload to, so {flag} {asked} is ignored "
+                    f"and {name} runs on the CPU (GPU builds: make install GPU=cuda|metal; "
+                    "other machines: --rpc)"
                 )
             want = 0
         elif check and want:

@@ -43,6 +43,8 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
         str(cp.get("gpu_layers", 0)), str(cp.get("flash_attn")), str(cp.get("type_k")),
         str(model.single_rows), ",".join(map(str, sizes)),
     ]
+    if cp.get("rpc"):  # layers on RPC workers: every pass pays their round trips
+        parts += [",".join(cp["rpc"]), ",".join(map(str, cp.get("tensor_split") or ()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
