@@ -16,6 +16,9 @@ token)), and the server's own decode speed where it reports llama-server's
     .venv/bin/python bench/serve_load.py --clients 1 --repeats 3 -n 128 \\
         --start '/path/llama-server -m T.gguf -md D.gguf --spec-draft-n-max 4 -t 2 --port {port}'
 
+    # the CLI itself on the same prompts (one process per request): the baseline for a server
+    .venv/bin/python bench/serve_load.py --repeats 3 -n 128 --generate '.venv/bin/specrun generate -t 2'
+
 Runs greedy (temperature 0) unless --temperature; requests go round the suite in order, so with
 one client and --repeats R each prompt runs R times, alternating prompts.
 """
@@ -174,6 +177,27 @@ async def drive(url: str, suite: dict[str, str], args: argparse.Namespace) -> Ru
     return run
 
 
+def run_generate(cmd: str, suite: dict[str, str], args: argparse.Namespace) -> Run:
+    """The CLI on the same prompts, one process per request: its own decode tok/s."""
+    names = list(suite)
+    run = Run()
+    t0 = time.perf_counter()
+    for i in range(args.requests or len(names) * args.repeats):
+        name = names[i % len(names)]
+        argv = [*shlex.split(cmd), "--json", "--temp", str(args.temperature), "--seed", str(args.seed),
+                "-n", str(args.n), "--prompt", suite[name]]
+        p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout)
+        if p.returncode != 0:
+            run.samples.append(Sample(name, False, p.stderr.strip()[-300:]))
+            continue
+        st = json.loads(p.stdout)["stats"]
+        run.samples.append(Sample(name, True, seconds=st["prefill_seconds"] + st["decode_seconds"],
+                                  tokens=len(json.loads(p.stdout)["tokens"]), client_tps=st["tokens_per_second"],
+                                  server_tps=st["tokens_per_second"], ttft=st["prefill_seconds"]))
+    run.wall = time.perf_counter() - t0
+    return run
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -264,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="base URL of a running server (without /v1)")
     where.add_argument("--start", help="a server command to start and stop; {port} is replaced")
+    where.add_argument("--generate", help="no server: run this `specrun generate` command per request "
+                       "(--json --temp 0 -n N --prompt P appended) and report its decode tok/s, the "
+                       "baseline a server's single-client speed is held to")
     ap.add_argument("--label", default=None)
     ap.add_argument("--suite", default="builtin", help="builtin, names (code,qa,...), or FILE.jsonl (Spec-Bench)")
     ap.add_argument("--clients", type=int, default=1)
@@ -282,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     suite = load_suite(args.suite)
+    if args.generate:
+        run = run_generate(args.generate, suite, args)
+        summary = summarize(run, args.label or "specrun generate", args) | {
+            "n": args.n, "cpu": cpu_name(), "suite": list(suite)}
+        print(json.dumps(summary, indent=1))
+        if args.json:
+            with open(args.json, "a", encoding="utf-8") as f:
+                f.write(json.dumps(summary) + "\n")
+        return 1 if summary["errors"] else 0
     started = Started(args.start, args.start_timeout) if args.start else None
     url = started.url if started else args.url.rstrip("/")
     label = args.label or (args.start.split()[0].rsplit("/", 1)[-1] if args.start else url)

@@ -120,7 +120,7 @@ class EngineWorker:
                     for ev in gen:
                         if isinstance(ev, Result):
                             results.append(ev)
-                        elif isinstance(ev, Step):
+                        elif isinstance(ev, Step) and req.stream:  # a whole response needs no steps
                             job.emit("step", i, ev)
                         if job.cancel.is_set():
                             state = "cancelled"
