@@ -95,7 +95,7 @@ def server(pair):  # type: ignore[no-untyped-def]
     try:
         yield s
     finally:
-        assert s.stop() == 0, s.log()
+        assert s.stop(signal.SIGINT) == 0, s.log()  # Ctrl-C: a clean stop, exit 0
 
 
 def chat(s: Server, content: str | list[dict[str, str]], n: int = 16, **kw: Any) -> dict[str, Any]:
@@ -314,7 +314,8 @@ def test_bad_requests_leave_it_serving(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def keyed(pair):  # type: ignore[no-untyped-def]
-    s = Server("--api-key", "sekrit", "--queue", "1", "--mode", "none", wait=False)
+    s = Server("--api-key", "sekrit", "--queue", "1", "--mode", "none", "--cors", "https://app.example",
+               wait=False)
     try:
         yield s
     finally:
@@ -336,6 +337,17 @@ def test_health_503_while_loading_then_auth(keyed: Server) -> None:
     assert r.status_code == 200, r.text
     client = openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="sekrit")
     assert client.models.list().data[0].id == DEFAULT_TARGET
+
+
+def test_cors_only_when_asked(keyed: Server, server: Server) -> None:
+    pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization,content-type"}
+    r = httpx.options(f"{keyed.url}/v1/chat/completions", headers=pre)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.options(f"{keyed.url}/v1/chat/completions", headers={**pre, "Origin": "https://evil.example"})
+    assert r.headers.get("access-control-allow-origin") is None
+    r = httpx.get(f"{server.url}/health", headers={"Origin": "https://app.example"})
+    assert "access-control-allow-origin" not in r.headers
 
 
 def test_full_queue_answers_503_retry_after(keyed: Server) -> None:

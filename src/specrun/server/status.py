@@ -64,13 +64,15 @@ class Status:
     def line(self) -> str:
         w = self.worker
         if w is None:
-            return f"[bold]specrun serve[/] {self.url}  {self.state}…"
+            return f"[bold]specrun serve[/] {self.url.removeprefix('http://')} {self.state}…"
         t = self.metrics.totals if self.metrics is not None else {}
         acc = f"{t['accepted'] / t['drafted']:.0%}" if t.get("drafted") else "-"
         tps = f"{t['gen'] / t['gen_s']:.1f}" if t.get("gen_s") else "-"
         busy = "generating" if w.running is not None else "idle"
-        return (f"[bold]specrun serve[/] {self.url}  {busy}  served {self.served}  queue {w.waiting}  "
-                f"accept {acc}  {tps} tok/s  errors {self.errors}")
+        where = self.url.removeprefix("http://")
+        errors = f" · {self.errors} errors" if self.errors else ""
+        return (f"[bold]specrun serve[/] {where} {busy} · {self.served} served · queue {w.waiting} · "
+                f"accept {acc} · {tps} tok/s{errors}")
 
     # -- events ---------------------------------------------------------------------------
     def done(self, endpoint: str, prompt: int, cached: int, results: list[Any], state: str, seconds: float) -> None:
