@@ -273,6 +273,34 @@ def summarize(run: Run, label: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def table(path: str) -> str:
+    """Medians over the runs of each label: decode tok/s per prompt (the server's own figure where
+    it reports one), TTFT, requests/s."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            rows.setdefault(obj["label"], []).append(obj)
+    prompts: list[str] = []
+    for runs in rows.values():
+        for r in runs:
+            prompts += [p for p in r["decode_tps_by_prompt"] if p not in prompts]
+    med = statistics.median
+    out = ["| configuration | clients | " + " | ".join(prompts) + " | decode tok/s (median) | TTFT ms | req/s | errors |",
+           "|---|---:|" + "---:|" * len(prompts) + "---:|---:|---:|---:|"]
+    for label, runs in rows.items():
+        cells = []
+        for p in prompts:
+            vals = [r["decode_tps_by_prompt"][p] for r in runs if p in r["decode_tps_by_prompt"]]
+            cells.append(f"{med(vals):.1f}" if vals else "-")
+        tps = [r["decode_tps_server_median"] or r["decode_tps_client_median"] for r in runs]
+        ttft = [r["ttft_median_ms"] for r in runs if r["ttft_median_ms"] is not None]
+        out.append(f"| {label} | {runs[0]['clients']} | " + " | ".join(cells) +
+                   f" | {med(tps):.1f} | {med(ttft):.0f} | {med([r['requests_per_second'] for r in runs]):.2f} | "
+                   f"{sum(r['errors'] for r in runs)} |")
+    return "\n".join(out)
+
+
 def cpu_name() -> str:
     try:
         for ln in Path("/proc/cpuinfo").read_text().splitlines():
@@ -288,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="base URL of a running server (without /v1)")
     where.add_argument("--start", help="a server command to start and stop; {port} is replaced")
+    where.add_argument("--table", metavar="FILE.jsonl", help="no run: print the markdown table of the "
+                       "summaries --json appended to FILE (medians over the runs of each label)")
     where.add_argument("--generate", help="no server: run this `specrun generate` command per request "
                        "(--json --temp 0 -n N --prompt P appended) and report its decode tok/s, the "
                        "baseline a server's single-client speed is held to")
@@ -308,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="append the summary as one JSON line to FILE")
     args = ap.parse_args(argv)
 
+    if args.table:
+        print(table(args.table))
+        return 0
     suite = load_suite(args.suite)
     if args.generate:
         run = run_generate(args.generate, suite, args)

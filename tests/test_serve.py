@@ -351,7 +351,7 @@ def test_cors_only_when_asked(keyed: Server, server: Server) -> None:
 
 
 def test_full_queue_answers_503_retry_after(keyed: Server) -> None:
-    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 60, "temperature": 0}
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 24, "temperature": 0}
     auth = {"Authorization": "Bearer sekrit"}
     with ThreadPoolExecutor(4) as pool:
         rs = list(pool.map(lambda _: keyed.post("/v1/chat/completions", body, headers=auth), range(4)))
