@@ -56,26 +56,7 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specrun = state
 
-    @app.middleware("http")
-    async def edge(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        try:
-            if state.api_key is not None and path not in OPEN_PATHS and request.method != "OPTIONS":
-                auth = request.headers.get("authorization", "")
-                scheme, _, key = auth.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
-                    raise APIError(401, "Invalid API key: send Authorization: Bearer KEY"
-                                   if auth else "Missing API key: send Authorization: Bearer KEY",
-                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > state.max_body:
-                raise APIError(413, f"the request body is {int(length)} bytes; the limit is {state.max_body}",
-                               code="request_too_large")
-            response = await call_next(request)
-        except APIError as exc:
-            response = _error_response(exc)
-        state.metrics.requests.labels(_endpoint(path), str(response.status_code)).inc()
-        return response
+    app.add_middleware(Edge, state=state)  # a plain ASGI layer: nothing in the way of a stream's chunks
 
     if cors:
         from fastapi.middleware.cors import CORSMiddleware
@@ -137,6 +118,52 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
         return await _generate(state, request, "completion")
 
     return app
+
+
+class Edge:
+    """The API key, the body size, and each request counted by route and status: in front of
+    every route, as a plain ASGI layer (Starlette's BaseHTTPMiddleware relays a streamed body
+    through a task and a memory channel, a cost on every chunk)."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state, path = self.state, scope["path"]
+        status = [500]
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            problem = self._refuse(scope)
+            if problem is not None:
+                await _error_response(problem)(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        finally:
+            state.metrics.requests.labels(_endpoint(path), str(status[0])).inc()
+
+    def _refuse(self, scope: Any) -> APIError | None:
+        state = self.state
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        if state.api_key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+            auth = headers.get("authorization", "")
+            scheme, _, key = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
+                return APIError(401, "Invalid API key: send Authorization: Bearer KEY"
+                                if auth else "Missing API key: send Authorization: Bearer KEY",
+                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > state.max_body:
+            return APIError(413, f"the request body is {int(length)} bytes; the limit is {state.max_body}",
+                            code="request_too_large")
+        return None
 
 
 def _endpoint(path: str) -> str:
@@ -247,49 +274,66 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
     req = job.req
     created = int(time.time())
     usage_too = req.include_usage
+    started: set[int] = set()
 
     def ch(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return R.sse(R.chunk(kind, rid, model, created, choices, usage_too, **extra))
 
-    started: set[int] = set()
+    def opened(i: int, out: list[bytes]) -> None:
+        if kind == "chat" and i not in started:  # a choice's first chunk names the role
+            out.append(ch([R.delta_choice(kind, i, "", role=True)]))
+            started.add(i)
+
+    def render(item: tuple[Any, ...], out: list[bytes]) -> bool:
+        """Append the SSE bytes of one event; True at the end of the stream."""
+        tag = item[0]
+        if tag == "step":
+            i, ev = item[1], item[2]
+            opened(i, out)
+            if ev.text:
+                out.append(ch([R.delta_choice(kind, i, ev.text)]))
+        elif tag == "result":
+            i, res = item[1], item[2]
+            opened(i, out)
+            extra: dict[str, Any] = {"timings": R.timings(res.stats, R.cached_of(res)),
+                                     "specrun": R.specrun_stats(res)}
+            if req.return_tokens:
+                extra["tokens"] = list(res.tokens)
+            fin = R.delta_choice(kind, i, None if kind == "chat" else "", R.FINISH.get(res.finish_reason, "stop"))
+            out.append(ch([fin], **extra))
+        elif tag == "error":
+            out.append(R.sse({"error": error_body(item[1], item[2])["error"]}))
+            return True
+        elif tag == "end":
+            results, st = item[1], item[2]
+            if st == "cancelled":
+                out.append(R.sse({"error": error_body(503, "the generation was cancelled (the server is "
+                                                      "shutting down)", code="cancelled")["error"]}))
+            elif usage_too and results:
+                u, t, s = R.merged_stats(results)
+                out.append(R.sse(R.chunk(kind, rid, model, created, [], False, usage=u, timings=t, specrun=s)))
+            return True
+        return False
+
     try:
-        if kind == "chat":
-            yield ch([R.delta_choice(kind, 0, "", role=True)])
-            started.add(0)
-        while True:
-            item = await _next(job, None)
-            tag = item[0]
-            if tag == "step":
-                i, ev = item[1], item[2]
-                if kind == "chat" and i not in started:
-                    yield ch([R.delta_choice(kind, i, "", role=True)])
-                    started.add(i)
-                if ev.text:
-                    yield ch([R.delta_choice(kind, i, ev.text)])
-            elif tag == "result":
-                i, res = item[1], item[2]
-                if kind == "chat" and i not in started:
-                    yield ch([R.delta_choice(kind, i, "", role=True)])
-                    started.add(i)
-                extra: dict[str, Any] = {"timings": R.timings(res.stats, R.cached_of(res)),
-                                         "specrun": R.specrun_stats(res)}
-                if req.return_tokens:
-                    extra["tokens"] = list(res.tokens)
-                fin = R.delta_choice(kind, i, None if kind == "chat" else "", R.FINISH.get(res.finish_reason, "stop"))
-                yield ch([fin], **extra)
-            elif tag == "error":
-                yield R.sse({"error": error_body(item[1], item[2])["error"]})
-                break
-            elif tag == "end":
-                results, st = item[1], item[2]
-                if st == "cancelled":
-                    yield R.sse({"error": error_body(503, "the generation was cancelled (the server is "
-                                                     "shutting down)", code="cancelled")["error"]})
-                elif usage_too and results:
-                    u, t, s = R.merged_stats(results)
-                    obj = R.chunk(kind, rid, model, created, [], False, usage=u, timings=t, specrun=s)
-                    yield R.sse(obj)
-                break
+        first: list[bytes] = []
+        opened(0, first)
+        if first:
+            yield first[0]
+        done = False
+        while not done:
+            # Wait on the queue itself: a client that goes away cancels this task (and so the job,
+            # below); send everything already waiting in one write when the loop fell behind.
+            items = [await job.events.get()]
+            while not job.events.empty():
+                items.append(job.events.get_nowait())
+            out: list[bytes] = []
+            for item in items:
+                done = render(item, out)
+                if done:
+                    break
+            if out:
+                yield b"".join(out)
         yield R.sse("[DONE]")
     finally:
         job.cancel.set()  # the client went away (the response was torn down) or it ended
