@@ -1,6 +1,7 @@
 """The package's floors, read from the imports themselves (ast), so a change cannot quietly undo them.
 
-    front ends   cli/, server/         (Typer and Rich; HTTP)   import anything below, not each other
+    front ends   cli/                  (Typer and Rich)         imports anything below, server/ too
+                 server/               (HTTP)                   `specrun serve` mounts it from cli/
     application  session, chat, probe, bench, chat_template     prints nothing
     core         spec/ (the loop and its math), models/ (registry, files, memory)   not each other
     llama        llama/                                         the only importer of llama_cpp
@@ -21,7 +22,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
 
 APPLICATION = {"session", "chat", "probe", "bench", "chat_template", "machine"}
 BASE = {"errors", "paths", "defaults", "__init__"}
-RANK = {"base": 0, "llama": 1, "spec": 2, "models": 2, "application": 3, "cli": 4, "server": 4, "entry": 5}
+RANK = {"base": 0, "llama": 1, "spec": 2, "models": 2, "application": 3, "server": 4, "cli": 5, "entry": 6}
 
 
 def module_name(path: Path) -> str:

@@ -38,6 +38,9 @@ def _mount_subcommands() -> None:
     from specrun.cli.info import register as register_info
 
     register_info(app)
+    from specrun.cli.serve import register as register_serve
+
+    register_serve(app)
     from specrun.cli.worker import register as register_worker
 
     register_worker(app)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -109,9 +110,43 @@ class Engine:
         self.mode = self.resolve_mode(self.config.mode)
         self.lookup: Drafter | None = None  # the lookup drafter, when the mode has one
         self.policy = self._make_policy(self.mode)
-        self.k_cap = self.config.draft_max  # longest draft any drafter of this engine may propose
-        if self.lookup is not None and self.config.lookup_kind == "suffix":
-            self.k_cap = max(self.config.draft_max, self.config.lookup_draft_max)
+        self.k_cap = self._k_cap()  # longest draft any drafter of this engine may propose
+        self._policies: dict[tuple[str, int], Policy] = {(self.mode, self.config.draft_max): self.policy}
+
+    def _k_cap(self) -> int:
+        if self.lookup is not None and self.config.lookup_kind == "suffix" and self.mode != "draft" \
+                and self.mode != "none":
+            return max(self.config.draft_max, self.config.lookup_draft_max)
+        return self.config.draft_max
+
+    def configure(self, **changes: Any) -> SpecConfig:
+        """Change mode, draft_max, draft_min or draft_p_min between generations (a server's
+        per-request ``speculative`` settings); returns the settings before, to pass back.
+
+        The drafters stay, and so does what their caches hold (the next prefill reuses it); a
+        policy is kept per (mode, draft_max), so auto's learned costs and acceptance outlive a
+        request that asked for something else, and a new auto policy starts from the measured
+        pass costs the first one was calibrated with."""
+        old = self.config
+        cfg = replace(old, **changes)
+        if cfg == old:
+            return old
+        cfg.validate()
+        mode = self.resolve_mode(cfg.mode)
+        self.config = cfg
+        key = (mode, cfg.draft_max)
+        policy = self._policies.get(key)
+        if policy is None:
+            policy = self._make_policy(mode)
+            seed = next((p for p in self._policies.values() if isinstance(p, AutoPolicy)), None)
+            if isinstance(policy, AutoPolicy) and seed is not None:
+                policy.calibrate(*seed._measured)
+            self._policies[key] = policy
+        self.mode, self.policy = mode, policy
+        if self.draft_model is not None:
+            self.draft_model.p_min = cfg.draft_p_min
+        self.k_cap = self._k_cap()
+        return old
 
     # -- set-up ---------------------------------------------------------------------------
     def resolve_mode(self, mode: str) -> str:
@@ -135,8 +170,10 @@ class Engine:
         from specrun.spec.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
 
         cfg = self.config
-        lookup: PromptLookup | SuffixLookup | None = None
-        if mode in ("lookup", "hybrid", "auto"):
+        lookup: PromptLookup | SuffixLookup | Drafter | None = None
+        if mode in ("lookup", "hybrid", "auto") and self.lookup is not None:
+            lookup = self.lookup  # one lookup drafter per engine: its store outlives a policy
+        elif mode in ("lookup", "hybrid", "auto"):
             path = Path(cfg.lookup_cache).expanduser() if cfg.lookup_cache else None
             if cfg.lookup_kind == "ngram":
                 lookup = PromptLookup(cfg.lookup_min, cfg.lookup_max, NgramCache(path) if path else None)
@@ -147,7 +184,7 @@ class Engine:
                 lookup = SuffixLookup(cfg.lookup_min, cfg.lookup_max,
                                       max(cfg.draft_max, cfg.lookup_draft_max),
                                       SuffixStore(cfg.lookup_store_tokens), file)
-        self.lookup = lookup
+        self.lookup = lookup or self.lookup
         if mode == "draft":
             assert self.draft_model is not None
             return FixedPolicy(self.draft_model)

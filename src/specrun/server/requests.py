@@ -1,0 +1,291 @@
+"""Request bodies of /v1/chat/completions and /v1/completions -> one validated ``GenRequest``.
+
+Every field is checked by hand, so a bad one is answered with OpenAI's 400 naming it (``param``)
+instead of a validation dump. Known fields specrun cannot honour (tools, logprobs, a JSON
+response format, penalties) are refused, never silently ignored; fields it does not know are
+ignored, as OpenAI-compatible servers do (clients send ``user``, ``store``, ``metadata``...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specrun.server.errors import APIError, bad
+from specrun.spec.engine import MAX_DRAFT, MODES
+from specrun.spec.sampling import SamplingParams
+
+MAX_N = 16  # completions per request (n)
+MAX_STOP = 16  # stop strings per request
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# (field, what is supported instead): refused when present with a value that asks for something.
+_REFUSED_CHAT: dict[str, str | None] = {
+    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+    "function_call": "function calling", "parallel_tool_calls": None,
+    "logprobs": "log probabilities", "top_logprobs": "log probabilities",
+    "response_format": "structured output (response_format)", "logit_bias": "logit_bias",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "audio": "audio output", "modalities": None, "prediction": "predicted outputs",
+    "grammar": "grammars", "json_schema": "JSON schemas",
+}
+_REFUSED_COMPLETION: dict[str, str | None] = {
+    "logprobs": "log probabilities", "logit_bias": "logit_bias", "echo": "echo",
+    "suffix": "suffix (fill-in-the-middle)", "best_of": "best_of",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "grammar": "grammars", "json_schema": "JSON schemas", "response_format": "structured output",
+}
+
+
+@dataclass
+class GenRequest:
+    kind: str  # "chat" | "completion"
+    model: str | None
+    messages: list[dict[str, str]] | None  # chat
+    prompt: str | list[int] | None  # completion: text or token ids
+    max_tokens: int | None  # None: to the end of the context
+    params: SamplingParams
+    stop: list[str]
+    n: int
+    stream: bool
+    include_usage: bool
+    spec: dict[str, Any] = field(default_factory=dict)  # Engine.configure changes
+    return_tokens: bool = False
+    cache_prompt: bool = True
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise bad("the request body is empty; send a JSON object", None, "invalid_json")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+    return body
+
+
+def _kind(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _int(body: dict[str, Any], name: str, lo: int, hi: int, param: str | None = None) -> int | None:
+    v = body.get(name)
+    param = param or name
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(f"{param} must be an integer, got {_kind(v)}", param, "invalid_type")
+    if not lo <= v <= hi:
+        raise bad(f"{param} must be in [{lo}, {hi}], got {v}", param)
+    return v
+
+
+def _num(body: dict[str, Any], name: str, lo: float, hi: float, param: str | None = None,
+         lo_open: bool = False) -> float | None:
+    v = body.get(name)
+    param = param or name
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise bad(f"{param} must be a number, got {_kind(v)}", param, "invalid_type")
+    v = float(v)
+    if not math.isfinite(v) or v > hi or v < lo or (lo_open and v == lo):
+        raise bad(f"{param} must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v:g}", param)
+    return v
+
+
+def _bool(body: dict[str, Any], name: str, param: str | None = None) -> bool | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise bad(f"{param or name} must be a boolean, got {_kind(v)}", param or name, "invalid_type")
+    return v
+
+
+def _obj(body: dict[str, Any], name: str) -> dict[str, Any]:
+    v = body.get(name)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad(f"{name} must be an object, got {_kind(v)}", name, "invalid_type")
+    return v
+
+
+def _refuse(body: dict[str, Any], table: dict[str, str | None]) -> None:
+    for name, what in table.items():
+        v = body.get(name)
+        if v is None or v is False or v == [] or v == {} or v == 0 or name == "parallel_tool_calls":
+            continue
+        if name == "response_format" and isinstance(v, dict) and v.get("type") == "text":
+            continue
+        if name == "best_of" and v == 1:
+            continue
+        if name == "modalities" and v == ["text"]:
+            continue
+        raise bad(f"{name} is not supported by specrun serve ({what or name} is not available)",
+                  name, "unsupported_parameter")
+
+
+def _content(v: Any, param: str) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):  # content parts: text only
+        parts = []
+        for j, p in enumerate(v):
+            if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+                raise bad(f"{param}[{j}] must be a content part object with a type", f"{param}[{j}]", "invalid_type")
+            if p["type"] != "text":
+                raise bad(f"{param}[{j}]: content of type {p['type']!r} is not supported (text only)",
+                          f"{param}[{j}].type", "unsupported_parameter")
+            if not isinstance(p.get("text"), str):
+                raise bad(f"{param}[{j}].text must be a string", f"{param}[{j}].text", "invalid_type")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad(f"{param} must be a string or an array of text parts, got {_kind(v)}", param, "invalid_type")
+
+
+def parse_messages(v: Any) -> list[dict[str, str]]:
+    if v is None:
+        raise bad("messages is required", "messages", "missing_required_parameter")
+    if not isinstance(v, list):
+        raise bad(f"messages must be an array, got {_kind(v)}", "messages", "invalid_type")
+    if not v:
+        raise bad("messages must not be empty", "messages")
+    out = []
+    for i, m in enumerate(v):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"{p} must be an object, got {_kind(m)}", p, "invalid_type")
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise bad(f"{p}.role is required (a string)", f"{p}.role", "invalid_type")
+        if role not in ROLES:
+            what = "tool messages (tool calling)" if role in ("tool", "function") else f"the role {role!r}"
+            raise bad(f"{p}.role: {what} not supported (system, developer, user, assistant)",
+                      f"{p}.role", "unsupported_parameter" if role in ("tool", "function") else "invalid_value")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise bad(f"{p}.tool_calls: tool calling is not supported", f"{p}.tool_calls", "unsupported_parameter")
+        if "content" not in m or m["content"] is None:
+            raise bad(f"{p}.content is required", f"{p}.content", "missing_required_parameter")
+        out.append({"role": ROLES[role], "content": _content(m["content"], f"{p}.content")})
+    return out
+
+
+def parse_prompt(v: Any) -> str | list[int]:
+    if v is None:
+        raise bad("prompt is required", "prompt", "missing_required_parameter")
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        return list(v)
+    if isinstance(v, list) and len(v) == 1:
+        return parse_prompt(v[0])
+    if isinstance(v, list) and len(v) > 1:
+        raise bad("prompt: one prompt per request (send several requests, or n for several "
+                  "completions)", "prompt", "unsupported_parameter")
+    raise bad(f"prompt must be a string or an array of token ids, got {_kind(v)}", "prompt", "invalid_type")
+
+
+def parse_stop(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("stop must be a string or an array of strings", "stop", "invalid_type")
+    if len(v) > MAX_STOP:
+        raise bad(f"stop takes at most {MAX_STOP} strings, got {len(v)}", "stop")
+    if any(s == "" for s in v):
+        raise bad("stop strings must not be empty", "stop")
+    return list(v)
+
+
+def parse_request(body: dict[str, Any], kind: str, defaults: SamplingParams, n_ctx: int) -> GenRequest:
+    """Validate ``body`` (a chat or completion request) against the server's defaults."""
+    _refuse(body, _REFUSED_CHAT if kind == "chat" else _REFUSED_COMPLETION)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"model must be a string, got {_kind(model)}", "model", "invalid_type")
+    messages = parse_messages(body.get("messages")) if kind == "chat" else None
+    prompt = parse_prompt(body.get("prompt")) if kind == "completion" else None
+
+    max_tokens = _int(body, "max_tokens", 0, n_ctx)
+    if kind == "chat" and body.get("max_completion_tokens") is not None:
+        mct = _int(body, "max_completion_tokens", 0, n_ctx)
+        max_tokens = mct if max_tokens is None else min(max_tokens, mct or 0)
+    temp = _num(body, "temperature", 0.0, 100.0)
+    top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
+    top_k = _int(body, "top_k", 0, 1 << 30)
+    min_p = _num(body, "min_p", 0.0, 1.0)
+    if min_p is not None and min_p >= 1.0:
+        raise bad(f"min_p must be in [0, 1), got {min_p:g}", "min_p")
+    seed = _int(body, "seed", -1, (1 << 63) - 1)
+    params = replace(
+        defaults,
+        temp=defaults.temp if temp is None else temp,
+        top_p=defaults.top_p if top_p is None else top_p,
+        top_k=defaults.top_k if top_k is None else top_k,
+        min_p=defaults.min_p if min_p is None else min_p,
+        seed=secrets.randbits(31) if seed is None or seed == -1 else seed,
+    )
+    n = _int(body, "n", 1, MAX_N) or 1
+    stream = bool(_bool(body, "stream"))
+    so = _obj(body, "stream_options")
+    include_usage = bool(_bool(so, "include_usage", "stream_options.include_usage"))
+    if so and not stream:
+        raise bad("stream_options is only allowed when stream is true", "stream_options")
+
+    spec: dict[str, Any] = {}
+    sp = _obj(body, "speculative")
+    n_max = _int(sp, "n_max", 0, MAX_DRAFT, "speculative.n_max")
+    n_min = _int(sp, "n_min", 0, MAX_DRAFT, "speculative.n_min")
+    p_min = _num(sp, "p_min", 0.0, 1.0, "speculative.p_min")
+    if n_max == 0:
+        spec["mode"] = "none"  # llama-server: no draft tokens at all
+    elif n_max is not None:
+        spec["draft_max"] = n_max
+    if n_min is not None:
+        spec["draft_min"] = n_min
+    if p_min is not None:
+        spec["draft_p_min"] = p_min
+    own = _obj(body, "specrun")
+    mode = own.get("mode")
+    if mode is not None:
+        if not isinstance(mode, str) or mode not in MODES:
+            raise bad(f"specrun.mode must be one of {', '.join(MODES)}, got {mode!r}", "specrun.mode")
+        if spec.get("mode") == "none" and mode != "none":
+            raise bad("speculative.n_max 0 means no drafting, but specrun.mode asks for "
+                      f"{mode}", "speculative.n_max")
+        spec["mode"] = mode
+    return_tokens = bool(_bool(own, "return_tokens", "specrun.return_tokens"))
+    cache_prompt = _bool(body, "cache_prompt")  # llama-server's name
+    return GenRequest(kind=kind, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
+                      params=params, stop=parse_stop(body.get("stop")), n=n, stream=stream,
+                      include_usage=include_usage, spec=spec, return_tokens=return_tokens,
+                      cache_prompt=True if cache_prompt is None else cache_prompt)
+
+
+def check_spec(spec: dict[str, Any], engine: Any) -> None:
+    """The per-request speculation settings against what the engine can do (before queueing)."""
+    cfg = engine.config
+    mode = spec.get("mode", cfg.mode)
+    if mode in ("draft", "hybrid") and engine.draft_model is None:
+        raise bad(f"specrun.mode {mode} needs a draft model, and this server has none loaded "
+                  "(start it with a --pair or -md, and --mode auto|draft|hybrid)", "specrun.mode")
+    if mode != "none" and not engine.target.can_truncate:
+        raise bad("this target's cache cannot be rolled back: only mode none is possible", "specrun.mode")
+    k = spec.get("draft_max", cfg.draft_max)
+    if spec.get("draft_min", cfg.draft_min) > k:
+        raise bad(f"speculative.n_min must be <= n_max ({k})", "speculative.n_min")
+
+
+__all__ = ["GenRequest", "APIError", "parse_json", "parse_request", "check_spec"]
