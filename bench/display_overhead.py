@@ -39,8 +39,15 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 def _sinks(devnull: Any, piece: Callable[[int], bytes]) -> dict[str, Callable[[], Any]]:
     return {
         "plain": lambda: PlainStream(devnull),
-        "live": lambda: LiveDisplay(out=devnull, err=devnull, width=100, summary="none",
-                                    draft_max=4, mode="draft", piece=piece),
+        "live": lambda: LiveDisplay(
+            out=devnull,
+            err=devnull,
+            width=100,
+            summary="none",
+            draft_max=4,
+            mode="draft",
+            piece=piece,
+        ),
     }
 
 
@@ -49,7 +56,9 @@ def _run(engine: Engine, prompt: list[int], n: int, sink: Any) -> tuple[float, R
     result = None
     t0 = time.perf_counter()
     with sink:
-        for ev in engine.generate(prompt, max_tokens=n, params=SamplingParams(temp=0.0), reuse_cache=False):
+        for ev in engine.generate(
+            prompt, max_tokens=n, params=SamplingParams(temp=0.0), reuse_cache=False
+        ):
             if isinstance(ev, Result):
                 result = ev
             else:
@@ -66,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: physical cores)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="CPU threads per model (0: physical cores)"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -86,14 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     recorded: list[Step] = []
     _run(engine, prompt, 8, sinks["plain"]())  # warm-up
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             dt, res, steps = _run(engine, prompt, args.max_tokens, sinks[name]())
             times[name].append(dt)
             outside[name].append(dt - res.stats.llama_seconds)
             tokens[name].add(tuple(res.tokens))
             recorded = steps
-        print(f"repeat {r + 1}: " + ", ".join(f"{k} {times[k][-1]:.3f} s" for k in names), file=sys.stderr)
+        print(
+            f"repeat {r + 1}: " + ", ".join(f"{k} {times[k][-1]:.3f} s" for k in names),
+            file=sys.stderr,
+        )
 
     med = {k: statistics.median(v) for k, v in times.items()}
     med_out = {k: statistics.median(v) for k, v in outside.items()}
@@ -119,21 +133,42 @@ def main(argv: list[str] | None = None) -> int:
                     now[0] += per_step_loop
             samples.append(busy / n_steps)
         replay[name] = statistics.median(samples)
-    same = all(len(v) == 1 for v in tokens.values()) and len({next(iter(v)) for v in tokens.values()}) == 1
+    same = (
+        all(len(v) == 1 for v in tokens.values())
+        and len({next(iter(v)) for v in tokens.values()}) == 1
+    )
 
-    print(f"{n_steps} target passes, {args.max_tokens} tokens, {args.repeats} repeats, threads {threads}, "
-          f"output identical: {same}")
-    print(f"loop time (median)   plain {med['plain']:.3f} s   live {med['live']:.3f} s   "
-          f"live/plain {100 * overhead:+.2f}%")
-    print(f"outside llama.cpp    plain {med_out['plain']:.3f} s   live {med_out['live']:.3f} s   "
-          f"(difference {100 * (med_out['live'] - med_out['plain']) / med['plain']:+.2f}% of the plain loop)")
-    print(f"display cost / step  plain {1e6 * replay['plain']:.0f} us   live {1e6 * replay['live']:.0f} us   "
-          f"(loop step {1e3 * per_step_loop:.1f} ms: live adds {100 * (replay['live'] - replay['plain']) / per_step_loop:.2f}%)")
+    print(
+        f"{n_steps} target passes, {args.max_tokens} tokens, {args.repeats} repeats, threads {threads}, "
+        f"output identical: {same}"
+    )
+    print(
+        f"loop time (median)   plain {med['plain']:.3f} s   live {med['live']:.3f} s   "
+        f"live/plain {100 * overhead:+.2f}%"
+    )
+    print(
+        f"outside llama.cpp    plain {med_out['plain']:.3f} s   live {med_out['live']:.3f} s   "
+        f"(difference {100 * (med_out['live'] - med_out['plain']) / med['plain']:+.2f}% of the plain loop)"
+    )
+    print(
+        f"display cost / step  plain {1e6 * replay['plain']:.0f} us   live {1e6 * replay['live']:.0f} us   "
+        f"(loop step {1e3 * per_step_loop:.1f} ms: live adds {100 * (replay['live'] - replay['plain']) / per_step_loop:.2f}%)"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"times": times, "median": med, "overhead": overhead, "steps": n_steps,
-                       "outside_llama": outside,
-                       "replay_seconds_per_step": replay, "identical": same}, f, indent=2)
+            json.dump(
+                {
+                    "times": times,
+                    "median": med,
+                    "overhead": overhead,
+                    "steps": n_steps,
+                    "outside_llama": outside,
+                    "replay_seconds_per_step": replay,
+                    "identical": same,
+                },
+                f,
+                indent=2,
+            )
     devnull.close()
     target.close()
     draft.close()

@@ -41,8 +41,10 @@ def child(pair: str, n: int, exact: bool) -> dict:
     _, suite = load_suite("builtin")
     texts.update({f"bench:{q.question_id}": q.turns[0] for q in suite})
     alone = Engine(target, None, SpecConfig(mode="none"))
-    spec = {m: Engine(target, draft if m == "draft" else None, SpecConfig(mode=m, draft_max=4))
-            for m in ("lookup", "draft")}
+    spec = {
+        m: Engine(target, draft if m == "draft" else None, SpecConfig(mode=m, draft_max=4))
+        for m in ("lookup", "draft")
+    }
     out: dict = {"prompts": len(texts), "diverged": {m: [] for m in spec}}
     for key, text in texts.items():
         toks = encode_chat(target, [{"role": "user", "content": text}])
@@ -50,8 +52,10 @@ def child(pair: str, n: int, exact: bool) -> dict:
         for m, eng in spec.items():
             got = eng.run(toks, max_tokens=n, reuse_cache=False).tokens
             if got != want:
-                first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                             min(len(got), len(want)))
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                    min(len(got), len(want)),
+                )
                 out["diverged"][m].append([key, first])
     return out
 

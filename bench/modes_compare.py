@@ -51,13 +51,13 @@ PASSAGE = (
 )
 PROMPTS = {
     "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-            "sorted list in linear time. Include a docstring and a few doctest examples.",
+    "sorted list in linear time. Include a docstring and a few doctest examples.",
     "code2": "Write a Python class `Stack` with push, pop, peek and is_empty methods, with docstrings.",
     "code-edit": "Rename the method `feed` to `push` everywhere in this code and print the whole "
-                 "updated file:\n\n" + CODE,
+    "updated file:\n\n" + CODE,
     "summarize": "Summarize this text in three sentences:\n\n" + PASSAGE,
     "qa": PASSAGE + "\n\nQuestion: When was the reef selected as a World Heritage Site, and what "
-                    "are its main threats? Answer using the text.",
+    "are its main threats? Answer using the text.",
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 CONFIGS = [("none", None), ("draft", 4), ("lookup", 4), ("hybrid", 4), ("auto", 4)]
@@ -97,7 +97,9 @@ class DecodeLog:
 
         engine.policy.prefill = prefill  # type: ignore[method-assign]
 
-    def run(self, engine: Engine, toks: list[int], n: int) -> tuple[object, list[tuple[str, int, float]]]:
+    def run(
+        self, engine: Engine, toks: list[int], n: int
+    ) -> tuple[object, list[tuple[str, int, float]]]:
         self.calls, self.on = [], False
         result = engine.run(toks, max_tokens=n, reuse_cache=False)
         self.on = False
@@ -121,7 +123,9 @@ class SeqResult:
                 self.modes_used[k] += v
 
 
-def run_sequence(log: DecodeLog, engine: Engine, target: Model, prompts: list, n: int) -> tuple[SeqResult, list]:
+def run_sequence(
+    log: DecodeLog, engine: Engine, target: Model, prompts: list, n: int
+) -> tuple[SeqResult, list]:
     engine.clear_store()
     results, calls = [], []
     for p in prompts:
@@ -139,8 +143,11 @@ def run_sequence(log: DecodeLog, engine: Engine, target: Model, prompts: list, n
 def make_engine(target: Model, draft: Model, mode: str, k: int | None, p_min: float) -> Engine:
     kind = "ngram" if mode.endswith("ngram") else "suffix"
     m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)
-    return Engine(target, None if m in ("none", "lookup") else draft,
-                  SpecConfig(mode=m, draft_max=k or 4, draft_p_min=p_min, lookup_kind=kind))
+    return Engine(
+        target,
+        None if m in ("none", "lookup") else draft,
+        SpecConfig(mode=m, draft_max=k or 4, draft_p_min=p_min, lookup_kind=kind),
+    )
 
 
 class _SeqStats:
@@ -171,7 +178,9 @@ def fit_line(by_rows: dict[int, list[float]]) -> dict[int, float]:
     return {n: a + b * n for n in by_rows}
 
 
-def model_seconds(calls: list[tuple[str, int, float]], target_s: dict[int, float], draft_row_s: float) -> float:
+def model_seconds(
+    calls: list[tuple[str, int, float]], target_s: dict[int, float], draft_row_s: float
+) -> float:
     return sum(target_s[n] if tag == "target" else draft_row_s * n for tag, n, _ in calls)
 
 
@@ -180,9 +189,9 @@ def prompt_text(key: str) -> str:
         from specrun.bench import load_suite
 
         _, prompts = load_suite("builtin")
-        found = [p for p in prompts if p.category == key[len("bench:"):]]
+        found = [p for p in prompts if p.category == key[len("bench:") :]]
         if not found:
-            raise SystemExit(f"no builtin bench prompt of category {key[len('bench:'):]!r}")
+            raise SystemExit(f"no builtin bench prompt of category {key[len('bench:') :]!r}")
         return found[0].turns[0]
     if key not in PROMPTS:
         raise SystemExit(f"unknown prompt {key!r}: one of {', '.join(PROMPTS)} or bench:CATEGORY")
@@ -194,25 +203,43 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pair", default="smollm2-135m", help="a registry pair (default: the default pair)")
+    ap.add_argument(
+        "--pair", default="smollm2-135m", help="a registry pair (default: the default pair)"
+    )
     ap.add_argument("--json")
     ap.add_argument("--p-min", type=float, default=P_MIN, help="--draft-p-min for the draft model")
-    ap.add_argument("--prompts", help="comma list of prompt names, bench:CATEGORY or seq:CATEGORY (default: all)")
-    ap.add_argument("--suite", default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
-                    help="the suite seq:CATEGORY reads")
-    ap.add_argument("--limit", type=int, default=0, help="seq: only the first N prompts of the category")
-    ap.add_argument("--configs", help="comma list of MODE:K, e.g. none,draft:2,draft:3,lookup:4,auto:4 "
-                                      "(default: none,draft:4,lookup:4,hybrid:4,auto:4)")
+    ap.add_argument(
+        "--prompts",
+        help="comma list of prompt names, bench:CATEGORY or seq:CATEGORY (default: all)",
+    )
+    ap.add_argument(
+        "--suite",
+        default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
+        help="the suite seq:CATEGORY reads",
+    )
+    ap.add_argument(
+        "--limit", type=int, default=0, help="seq: only the first N prompts of the category"
+    )
+    ap.add_argument(
+        "--configs",
+        help="comma list of MODE:K, e.g. none,draft:2,draft:3,lookup:4,auto:4 "
+        "(default: none,draft:4,lookup:4,hybrid:4,auto:4)",
+    )
     a = ap.parse_args()
     global CONFIGS
     if a.configs:
-        CONFIGS = [(m, int(k) if k else None) for m, _, k in (c.partition(":") for c in a.configs.split(","))]
+        CONFIGS = [
+            (m, int(k) if k else None)
+            for m, _, k in (c.partition(":") for c in a.configs.split(","))
+        ]
         if CONFIGS[0][0] != "none":
             ap.error("--configs must start with none (the baseline)")
     reg = Registry.load()
     pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
-    draft = Model(reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True))
+    draft = Model(
+        reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True)
+    )
     engines = {(m, k): make_engine(target, draft, m, k, a.p_min) for m, k in CONFIGS}
     for e in engines.values():
         if e.mode == "auto":  # as the command line starts it: from the measured pass costs
@@ -230,7 +257,7 @@ def main() -> None:
             _, suite = load_suite(a.suite)
             seq = [p for p in suite if p.category == key[4:]]
             if a.limit:
-                seq = seq[:a.limit]
+                seq = seq[: a.limit]
             if not seq:
                 raise SystemExit(f"no prompts of category {key[4:]!r} in {a.suite}")
             toks = encode_chat(target, [{"role": "user", "content": seq[0].turns[0]}])
@@ -261,22 +288,34 @@ def main() -> None:
         target_s = {n: statistics.median(v) for n, v in by_rows.items()}
         target_fit = fit_line(by_rows)
         t1 = target_fit.get(1) or min(target_fit.values())
-        print(json.dumps({"prompt": key, "passes_by_rows": {n: len(v) for n, v in sorted(by_rows.items())},
-                          "V_median": {n: round(target_s[n] / t1, 2) for n in sorted(target_s)},
-                          "V_fit": {n: round(target_fit[n] / t1, 2) for n in sorted(target_fit)},
-                          "t1_ms": round(t1 * 1000, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "prompt": key,
+                    "passes_by_rows": {n: len(v) for n, v in sorted(by_rows.items())},
+                    "V_median": {n: round(target_s[n] / t1, 2) for n in sorted(target_s)},
+                    "V_fit": {n: round(target_fit[n] / t1, 2) for n in sorted(target_fit)},
+                    "t1_ms": round(t1 * 1000, 2),
+                }
+            ),
+            flush=True,
+        )
         draft_row_s = statistics.median(per_row) if per_row else 0.0
 
         if seq is not None:
             runs = {c: [_SeqStats(r) for r in rs] for c, rs in runs.items()}
         model_tps = {
-            c: statistics.median(r.stats.generated / model_seconds(cs, target_s, draft_row_s)
-                                 for r, cs in zip(runs[c], calls[c], strict=True))
+            c: statistics.median(
+                r.stats.generated / model_seconds(cs, target_s, draft_row_s)
+                for r, cs in zip(runs[c], calls[c], strict=True)
+            )
             for c in CONFIGS
         }
         fit_tps = {
-            c: statistics.median(r.stats.generated / model_seconds(cs, target_fit, draft_row_s)
-                                 for r, cs in zip(runs[c], calls[c], strict=True))
+            c: statistics.median(
+                r.stats.generated / model_seconds(cs, target_fit, draft_row_s)
+                for r, cs in zip(runs[c], calls[c], strict=True)
+            )
             for c in CONFIGS
         }
         base = statistics.median(r.stats.tokens_per_second for r in runs[CONFIGS[0]])
@@ -284,29 +323,47 @@ def main() -> None:
         for c in CONFIGS:
             rs = runs[c]
             tps = statistics.median(r.stats.tokens_per_second for r in rs)
-            rows.append({
-                "prompt": key, "prompt_tokens": len(toks), "mode": c[0], "draft_max": c[1],
-                "requests": len(rs[0].results) if seq is not None else 1,
-                "generated": rs[0].stats.generated,
-                "tokens_per_second": round(tps, 2), "speedup": round(tps / base, 3),
-                "model_speedup": round(model_tps[c] / model_base, 3),
-                "fit_speedup": round(fit_tps[c] / fit_tps[CONFIGS[0]], 3),
-                "acceptance_rate": round(statistics.median(r.stats.acceptance_rate for r in rs), 3),
-                "mean_accepted_length": round(statistics.median(r.stats.mean_accepted_length for r in rs), 2),
-                "identical": all(r.tokens == runs[CONFIGS[0]][0].tokens for r in rs),
-                "modes_used": dict(rs[-1].stats.modes_used),
-            })
+            rows.append(
+                {
+                    "prompt": key,
+                    "prompt_tokens": len(toks),
+                    "mode": c[0],
+                    "draft_max": c[1],
+                    "requests": len(rs[0].results) if seq is not None else 1,
+                    "generated": rs[0].stats.generated,
+                    "tokens_per_second": round(tps, 2),
+                    "speedup": round(tps / base, 3),
+                    "model_speedup": round(model_tps[c] / model_base, 3),
+                    "fit_speedup": round(fit_tps[c] / fit_tps[CONFIGS[0]], 3),
+                    "acceptance_rate": round(
+                        statistics.median(r.stats.acceptance_rate for r in rs), 3
+                    ),
+                    "mean_accepted_length": round(
+                        statistics.median(r.stats.mean_accepted_length for r in rs), 2
+                    ),
+                    "identical": all(r.tokens == runs[CONFIGS[0]][0].tokens for r in rs),
+                    "modes_used": dict(rs[-1].stats.modes_used),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     print()
-    print("| prompt | " + " | ".join(f"{m}{'' if k is None else f' K={k}'}" for m, k in CONFIGS) + " |")
+    print(
+        "| prompt | "
+        + " | ".join(f"{m}{'' if k is None else f' K={k}'}" for m, k in CONFIGS)
+        + " |"
+    )
     print("|---|" + "---:|" * len(CONFIGS))
     for key in chosen:
         cells = []
         for m, k in CONFIGS:
-            r = next(x for x in rows if x["prompt"] == key and x["mode"] == m and x["draft_max"] == k)
-            cells.append(f"{r['tokens_per_second']:.1f} tok/s ({r['speedup']:.2f}x, model {r['model_speedup']:.2f}x, "
-                         f"fit {r['fit_speedup']:.2f}x, "
-                         f"acc {r['acceptance_rate']:.2f}{'' if r['identical'] else ', DIFFERENT'})")
+            r = next(
+                x for x in rows if x["prompt"] == key and x["mode"] == m and x["draft_max"] == k
+            )
+            cells.append(
+                f"{r['tokens_per_second']:.1f} tok/s ({r['speedup']:.2f}x, model {r['model_speedup']:.2f}x, "
+                f"fit {r['fit_speedup']:.2f}x, "
+                f"acc {r['acceptance_rate']:.2f}{'' if r['identical'] else ', DIFFERENT'})"
+            )
         print(f"| {key} | " + " | ".join(cells) + " |")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

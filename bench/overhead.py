@@ -52,15 +52,23 @@ def main() -> int:
     target, draft = Model(tpath, lo), Model(dpath, dataclasses.replace(lo, amx_rows=True))
     text = Path(args.prompt_file).read_text()
     tmpl = target.chat_template()
-    tokens = encode_chat(target, [{"role": "user", "content": text}]) if tmpl else target.tokenize(text)
+    tokens = (
+        encode_chat(target, [{"role": "user", "content": text}]) if tmpl else target.tokenize(text)
+    )
     greedy = SamplingParams(temp=0.0, seed=0)
 
     none = Engine(target, None, SpecConfig(mode="none"))
     spec = Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.6))
     llm = None
     if not args.no_llama:
-        llm = llama_cpp.Llama(model_path=str(tpath), n_ctx=args.ctx, n_threads=threads,
-                              n_threads_batch=threads, n_batch=512, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(tpath),
+            n_ctx=args.ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=512,
+            verbose=False,
+        )
 
     rows: dict[str, list[tuple[float, float]]] = {"none": [], "draft": [], "Llama": []}
     outs: dict[str, list[int]] = {}
@@ -104,23 +112,34 @@ def main() -> int:
     def med(name: str, i: int) -> float:
         return statistics.median(x[i] for x in rows[name])
 
-    print(f"{tpath.name} (+ {dpath.name} for draft), {len(tokens)} prompt tokens, -n {args.n}, "
-          f"threads {threads}, {args.repeats} repeats, medians")
+    print(
+        f"{tpath.name} (+ {dpath.name} for draft), {len(tokens)} prompt tokens, -n {args.n}, "
+        f"threads {threads}, {args.repeats} repeats, medians"
+    )
     print(f"{'run':<8} {'tok/s':>8} {'outside llama_decode':>22}  runs (tok/s)")
     for name in ("none", "draft", "Llama"):
         if not rows[name]:
             continue
         ov = med(name, 1)
         ov_s = "-" if ov != ov else f"{100 * ov:.2f}%"
-        print(f"{name:<8} {med(name, 0):8.1f} {ov_s:>22}  " + " ".join(f"{x[0]:.1f}" for x in rows[name]))
+        print(
+            f"{name:<8} {med(name, 0):8.1f} {ov_s:>22}  "
+            + " ".join(f"{x[0]:.1f}" for x in rows[name])
+        )
     if rows["Llama"]:
         ratios = [a[0] / b[0] for a, b in zip(rows["none"], rows["Llama"], strict=True)]
-        print(f"specrun none / Llama.generate: median ratio {statistics.median(ratios):.3f} "
-              f"(per pair: {' '.join(f'{r:.3f}' for r in ratios)})")
+        print(
+            f"specrun none / Llama.generate: median ratio {statistics.median(ratios):.3f} "
+            f"(per pair: {' '.join(f'{r:.3f}' for r in ratios)})"
+        )
         n = min(len(outs["none"]), len(outs["Llama"]))
         same = outs["none"][:n] == outs["Llama"][:n]
-        print(f"greedy tokens: specrun none vs Llama {'identical' if same else 'DIFFERENT'} over {n}")
-    print(f"greedy tokens: draft vs none {'identical' if outs['draft'] == outs['none'] else 'DIFFERENT'}")
+        print(
+            f"greedy tokens: specrun none vs Llama {'identical' if same else 'DIFFERENT'} over {n}"
+        )
+    print(
+        f"greedy tokens: draft vs none {'identical' if outs['draft'] == outs['none'] else 'DIFFERENT'}"
+    )
     target.close()
     draft.close()
     return 0

@@ -38,14 +38,16 @@ def main() -> None:
     out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
     for key in a.workloads:
         kind, _, cat = key.partition(":")
-        suite = "builtin" if kind == "bench" else str(HERE.parent / "src/specrun/data/workloads.jsonl")
+        suite = (
+            "builtin" if kind == "bench" else str(HERE.parent / "src/specrun/data/workloads.jsonl")
+        )
         prompts = [p for p in load_suite(suite)[1] if p.category == cat]
         if a.limit:
-            prompts = prompts[:a.limit]
+            prompts = prompts[: a.limit]
         reqs = []
         for p in prompts:
             history: list[dict[str, str]] = []
-            for user in (p.turns if kind == "seq" else p.turns[:1]):
+            for user in p.turns if kind == "seq" else p.turns[:1]:
                 history.append({"role": "user", "content": user})
                 toks = encode_chat(target, history)
                 r = engine.run(toks, max_tokens=a.n, reuse_cache=False)

@@ -38,18 +38,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROMPTS = {
     "qa": "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
-          "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
-          "Queensland, Australia. It was selected as a World Heritage Site in 1981. Climate "
-          "change, pollution and crown-of-thorns starfish are its main threats.\n\nQuestion: "
-          "When was the reef selected as a World Heritage Site, and what are its main threats? "
-          "Answer using the text.",
+    "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
+    "Queensland, Australia. It was selected as a World Heritage Site in 1981. Climate "
+    "change, pollution and crown-of-thorns starfish are its main threats.\n\nQuestion: "
+    "When was the reef selected as a World Heritage Site, and what are its main threats? "
+    "Answer using the text.",
     "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-            "sorted list in linear time. Include a docstring and a few doctest examples.",
+    "sorted list in linear time. Include a docstring and a few doctest examples.",
 }
 NETEM = ["sh", "-c", "ip link set lo up && tc qdisc add dev lo root netem delay 1ms"]
 
 
 # -- simulated latency ---------------------------------------------------------------------------
+
 
 def serve_proxy(listen_port: int, target_port: int, delay_s: float) -> None:
     """Forward 127.0.0.1:listen_port -> 127.0.0.1:target_port, each chunk held delay_s per direction."""
@@ -117,6 +118,7 @@ def netem_allowed() -> tuple[bool, str]:
 
 # -- workers -------------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -153,8 +155,16 @@ class Workers:
             wait_listening(port, w)
             if delay_ms:
                 front = free_port()
-                px = subprocess.Popen([sys.executable, __file__, "--serve-proxy", str(front), str(port),
-                                       str(delay_ms / 1000)])
+                px = subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--serve-proxy",
+                        str(front),
+                        str(port),
+                        str(delay_ms / 1000),
+                    ]
+                )
                 self.procs.append(px)
                 wait_listening(front, px)
                 port = front
@@ -169,8 +179,15 @@ class Workers:
 
 # -- the measurement ---------------------------------------------------------------------------
 
-def run_setup(pair: str, rpc: str | None, configs: list[tuple[str, int | None]], n: int, repeats: int,
-              threads: int) -> dict[str, dict[str, list]]:
+
+def run_setup(
+    pair: str,
+    rpc: str | None,
+    configs: list[tuple[str, int | None]],
+    n: int,
+    repeats: int,
+    threads: int,
+) -> dict[str, dict[str, list]]:
     from specrun.chat_template import encode_chat
     from specrun.llama.model import Model
     from specrun.models.registry import Registry
@@ -187,20 +204,37 @@ def run_setup(pair: str, rpc: str | None, configs: list[tuple[str, int | None]],
     try:
         engines = {}
         for mode, k in configs:
-            eng = Engine(target, draft if mode != "none" else None,
-                         SpecConfig(mode=mode, draft_max=k or 4, draft_p_min=opts.draft_p_min))
+            eng = Engine(
+                target,
+                draft if mode != "none" else None,
+                SpecConfig(mode=mode, draft_max=k or 4, draft_p_min=opts.draft_p_min),
+            )
             if mode == "auto":
                 calibrate_auto(eng)
             engines[f"{mode}:{k}" if k else mode] = eng
-        prompts = {key: encode_chat(target, [{"role": "user", "content": text}]) for key, text in PROMPTS.items()}
+        prompts = {
+            key: encode_chat(target, [{"role": "user", "content": text}])
+            for key, text in PROMPTS.items()
+        }
         out: dict[str, dict[str, list]] = {key: {name: [] for name in engines} for key in prompts}
-        for eng in engines.values():  # first passes allocate compute buffers (and, remote, graphs): not timed
-            eng.run(next(iter(prompts.values())), max_tokens=8, params=SamplingParams(temp=0.0), reuse_cache=False)
+        for eng in (
+            engines.values()
+        ):  # first passes allocate compute buffers (and, remote, graphs): not timed
+            eng.run(
+                next(iter(prompts.values())),
+                max_tokens=8,
+                params=SamplingParams(temp=0.0),
+                reuse_cache=False,
+            )
         for _ in range(repeats):
             for key, toks in prompts.items():
                 for name, eng in engines.items():
-                    r = eng.run(toks, max_tokens=n, params=SamplingParams(temp=0.0), reuse_cache=False)
-                    out[key][name].append((r.stats.tokens_per_second, list(r.tokens), r.stats.mean_accepted_length))
+                    r = eng.run(
+                        toks, max_tokens=n, params=SamplingParams(temp=0.0), reuse_cache=False
+                    )
+                    out[key][name].append(
+                        (r.stats.tokens_per_second, list(r.tokens), r.stats.mean_accepted_length)
+                    )
         return out
     finally:
         draft.close()
@@ -211,12 +245,16 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-proxy":
         serve_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
         return
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--pair", default="smollm2-135m")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--delay-ms", default="1", help="simulated one-way delays to add, comma-separated (0: none)")
+    ap.add_argument(
+        "--delay-ms", default="1", help="simulated one-way delays to add, comma-separated (0: none)"
+    )
     ap.add_argument("--configs", default="none,draft:4,auto:8")
     ap.add_argument("--setups", default="local,1,2", help="local and/or numbers of workers")
     ap.add_argument("--cache", default=None, help="the workers' --cache DIR")
@@ -239,23 +277,42 @@ def main() -> None:
             setups.append(("this machine", 0, 0.0))
         else:
             for d in delays:
-                label = f"{s} worker{'s' if s != '1' else ''}" + (f", +{d:g} ms each way" if d else "")
+                label = f"{s} worker{'s' if s != '1' else ''}" + (
+                    f", +{d:g} ms each way" if d else ""
+                )
                 setups.append((label, int(s), d))
     results = {}
     for label, n_workers, delay in setups:
         print(f"== {label}", file=sys.stderr, flush=True)
         workers = Workers(n_workers, a.threads, delay, a.cache) if n_workers else None
         try:
-            results[label] = run_setup(a.pair, ",".join(workers.endpoints) if workers else None,
-                                       configs, a.n, a.repeats, a.threads)
+            results[label] = run_setup(
+                a.pair,
+                ",".join(workers.endpoints) if workers else None,
+                configs,
+                a.n,
+                a.repeats,
+                a.threads,
+            )
         finally:
             if workers:
                 workers.close()
-    base = {key: results["this machine"][key]["none"][0][1] for key in PROMPTS} if "this machine" in results else None
+    base = (
+        {key: results["this machine"][key]["none"][0][1] for key in PROMPTS}
+        if "this machine" in results
+        else None
+    )
     names = [f"{m}:{k}" if k else m for m, k in configs]
-    header = "| setup | prompt | " + " | ".join(
-        "none tok/s" if n == "none" else f"{n.replace(':', ' K=' if not n.startswith('auto') else ' K<=')}" for n in names
-    ) + " | tokens = local none |"
+    header = (
+        "| setup | prompt | "
+        + " | ".join(
+            "none tok/s"
+            if n == "none"
+            else f"{n.replace(':', ' K=' if not n.startswith('auto') else ' K<=')}"
+            for n in names
+        )
+        + " | tokens = local none |"
+    )
     lines = [header, "|" + "---|" * (len(names) + 3)]
     for label, per_prompt in results.items():
         for key, per_cfg in per_prompt.items():
@@ -267,18 +324,44 @@ def main() -> None:
                     cells.append(f"{med[name]:.1f}")
                 else:
                     mal = statistics.median(r[2] for r in per_cfg[name])
-                    cells.append(f"{med[name]:.1f} ({med[name] / med['none']:.2f}x, {mal:.2f} tok/pass)")
-            lines.append(f"| {label} | {key} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
+                    cells.append(
+                        f"{med[name]:.1f} ({med[name] / med['none']:.2f}x, {mal:.2f} tok/pass)"
+                    )
+            lines.append(
+                f"| {label} | {key} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |"
+            )
     table = "\n".join(lines)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), platform.processor())
-    print(f"\n{cpu}, {os.cpu_count()} CPUs, {a.threads} threads per process, greedy, {a.n} tokens, "
-          f"medians of {a.repeats}\n\n{table}")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in open("/proc/cpuinfo")
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    print(
+        f"\n{cpu}, {os.cpu_count()} CPUs, {a.threads} threads per process, greedy, {a.n} tokens, "
+        f"medians of {a.repeats}\n\n{table}"
+    )
     if a.md:
         Path(a.md).write_text(table + "\n")
     if a.json:
-        Path(a.json).write_text(json.dumps({"cpu": cpu, "args": vars(a), "results": {
-            label: {key: {name: [[r[0], r[2]] for r in runs] for name, runs in pc.items()} for key, pc in pp.items()}
-            for label, pp in results.items()}}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "cpu": cpu,
+                    "args": vars(a),
+                    "results": {
+                        label: {
+                            key: {name: [[r[0], r[2]] for r in runs] for name, runs in pc.items()}
+                            for key, pc in pp.items()
+                        }
+                        for label, pp in results.items()
+                    },
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

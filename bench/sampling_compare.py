@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads per model (0: physical cores)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="CPU threads per model (0: physical cores)"
+    )
     ap.add_argument("--json", default=None, help="also write every run to this file")
     args = ap.parse_args(argv)
 
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     target = Model(reg.ensure(TARGET), LoadOptions(n_ctx=2048, n_threads=threads))
     draft = Model(reg.ensure(DRAFT), LoadOptions(n_ctx=2048, n_threads=threads, amx_rows=True))
     engines = {
-        name: Engine(target, draft if cfg.mode == "draft" else None, cfg) for name, cfg in CONFIGS.items()
+        name: Engine(target, draft if cfg.mode == "draft" else None, cfg)
+        for name, cfg in CONFIGS.items()
     }
     prompts = {k: encode_chat(target, [{"role": "user", "content": v}]) for k, v in PROMPTS.items()}
 
@@ -67,33 +70,53 @@ def main(argv: list[str] | None = None) -> int:
     names = list(CONFIGS)
     t_start = time.perf_counter()
     for rep in range(args.repeats):
-        order = names[rep % len(names):] + names[: rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for pi, (pname, toks) in enumerate(prompts.items()):
             params = replace(PARAMS, seed=1000 * rep + pi)
             for cname in order:
-                r = engines[cname].run(toks, max_tokens=args.max_tokens, params=params, reuse_cache=False)
+                r = engines[cname].run(
+                    toks, max_tokens=args.max_tokens, params=params, reuse_cache=False
+                )
                 st = r.stats
-                runs.append({
-                    "repeat": rep, "prompt": pname, "config": cname, "seed": params.seed,
-                    "generated": st.generated, "tok_s": st.tokens_per_second,
-                    "acceptance": st.acceptance_rate if st.drafted else None,
-                    "mean_len": st.mean_accepted_length,
-                })
-        print(f"repeat {rep + 1}/{args.repeats} done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
+                runs.append(
+                    {
+                        "repeat": rep,
+                        "prompt": pname,
+                        "config": cname,
+                        "seed": params.seed,
+                        "generated": st.generated,
+                        "tok_s": st.tokens_per_second,
+                        "acceptance": st.acceptance_rate if st.drafted else None,
+                        "mean_len": st.mean_accepted_length,
+                    }
+                )
+        print(
+            f"repeat {rep + 1}/{args.repeats} done ({time.perf_counter() - t_start:.0f} s)",
+            file=sys.stderr,
+        )
 
     def med(prompt: str, config: str, key: str) -> float | None:
-        vals = [x[key] for x in runs if x["prompt"] == prompt and x["config"] == config and x[key] is not None]
+        vals = [
+            x[key]
+            for x in runs
+            if x["prompt"] == prompt and x["config"] == config and x[key] is not None
+        ]
         return statistics.median(vals) if vals else None  # type: ignore[type-var]
 
-    print(f"\nSmolLM2-135M F32 target, Q4_0 draft; temp {PARAMS.temp}, top-k {PARAMS.top_k}, "
-          f"top-p {PARAMS.top_p}, min-p {PARAMS.min_p}; {args.max_tokens} tokens, draft_max 4, "
-          f"{threads} threads, {args.repeats} repeats, medians\n")
+    print(
+        f"\nSmolLM2-135M F32 target, Q4_0 draft; temp {PARAMS.temp}, top-k {PARAMS.top_k}, "
+        f"top-p {PARAMS.top_p}, min-p {PARAMS.min_p}; {args.max_tokens} tokens, draft_max 4, "
+        f"{threads} threads, {args.repeats} repeats, medians\n"
+    )
+
     def paired(prompt: str, config: str) -> float:
         """Median over repeats of tok/s against the baseline run of the same repeat and prompt."""
         by_rep = {(x["repeat"], x["config"]): x["tok_s"] for x in runs if x["prompt"] == prompt}
         return statistics.median(by_rep[r, config] / by_rep[r, "none"] for r in range(args.repeats))  # type: ignore[operator]
 
-    print("| prompt | config | tok/s | acceptance | tokens/pass | speed-up vs none | paired speed-up |")
+    print(
+        "| prompt | config | tok/s | acceptance | tokens/pass | speed-up vs none | paired speed-up |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     speedups: dict[str, list[float]] = {c: [] for c in names}
     for pname in prompts:
@@ -103,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             acc = med(pname, cname, "acceptance")
             ml = med(pname, cname, "mean_len")
             speedups[cname].append(tps / base)
-            print(f"| {pname} | {cname} | {tps:.1f} | {'-' if acc is None else f'{acc:.2f}'} | "
-                  f"{ml:.2f} | {tps / base:.2f}x | {paired(pname, cname):.2f}x |")
+            print(
+                f"| {pname} | {cname} | {tps:.1f} | {'-' if acc is None else f'{acc:.2f}'} | "
+                f"{ml:.2f} | {tps / base:.2f}x | {paired(pname, cname):.2f}x |"
+            )
     for cname in names:
         geo = statistics.geometric_mean(speedups[cname])
         print(f"| **all (geo. mean)** | {cname} | | | | {geo:.2f}x | |")

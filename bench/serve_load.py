@@ -53,11 +53,11 @@ PASSAGE = (
 # The prompts of bench/modes_compare.py and bench/server_compare.py (the README's tables).
 PROMPTS = {
     "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-            "sorted list in linear time. Include a docstring and a few doctest examples.",
+    "sorted list in linear time. Include a docstring and a few doctest examples.",
     "code2": "Write a Python class `Stack` with push, pop, peek and is_empty methods, with docstrings.",
     "summarize": "Summarize this text in three sentences:\n\n" + PASSAGE,
     "qa": PASSAGE + "\n\nQuestion: When was the reef selected as a World Heritage Site, and what "
-                    "are its main threats? Answer using the text.",
+    "are its main threats? Answer using the text.",
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 
@@ -102,8 +102,11 @@ class Run:
 
 async def one(client: Any, url: str, name: str, prompt: str, args: argparse.Namespace) -> Sample:
     body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": args.n,
-        "temperature": args.temperature, "seed": args.seed, "stream": True,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.n,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "stream": True,
         "stream_options": {"include_usage": True},
     }
     if args.model:
@@ -116,7 +119,9 @@ async def one(client: Any, url: str, name: str, prompt: str, args: argparse.Name
     chunks = 0
     usage = timings = None
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+        ) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")[:300]
                 return Sample(name, False, f"HTTP {r.status_code}: {text}")
@@ -184,16 +189,36 @@ def run_generate(cmd: str, suite: dict[str, str], args: argparse.Namespace) -> R
     t0 = time.perf_counter()
     for i in range(args.requests or len(names) * args.repeats):
         name = names[i % len(names)]
-        argv = [*shlex.split(cmd), "--json", "--temp", str(args.temperature), "--seed", str(args.seed),
-                "-n", str(args.n), "--prompt", suite[name]]
-        p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout)
+        argv = [
+            *shlex.split(cmd),
+            "--json",
+            "--temp",
+            str(args.temperature),
+            "--seed",
+            str(args.seed),
+            "-n",
+            str(args.n),
+            "--prompt",
+            suite[name],
+        ]
+        p = subprocess.run(
+            argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=args.timeout
+        )
         if p.returncode != 0:
             run.samples.append(Sample(name, False, p.stderr.strip()[-300:]))
             continue
         st = json.loads(p.stdout)["stats"]
-        run.samples.append(Sample(name, True, seconds=st["prefill_seconds"] + st["decode_seconds"],
-                                  tokens=len(json.loads(p.stdout)["tokens"]), client_tps=st["tokens_per_second"],
-                                  server_tps=st["tokens_per_second"], ttft=st["prefill_seconds"]))
+        run.samples.append(
+            Sample(
+                name,
+                True,
+                seconds=st["prefill_seconds"] + st["decode_seconds"],
+                tokens=len(json.loads(p.stdout)["tokens"]),
+                client_tps=st["tokens_per_second"],
+                server_tps=st["tokens_per_second"],
+                ttft=st["prefill_seconds"],
+            )
+        )
     run.wall = time.perf_counter() - t0
     return run
 
@@ -215,8 +240,13 @@ class Started:
         import tempfile
 
         self.log = tempfile.TemporaryFile()  # the server's output, shown if it fails to start
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + timeout
         while True:
@@ -257,17 +287,25 @@ def summarize(run: Run, label: str, args: argparse.Namespace) -> dict[str, Any]:
     server = [s.server_tps for s in ok if s.server_tps is not None]
     by_prompt: dict[str, list[float]] = {}
     for s in ok:
-        by_prompt.setdefault(s.prompt, []).append(s.server_tps if s.server_tps is not None else s.client_tps)
+        by_prompt.setdefault(s.prompt, []).append(
+            s.server_tps if s.server_tps is not None else s.client_tps
+        )
     return {
-        "label": label, "clients": args.clients, "requests": len(run.samples),
+        "label": label,
+        "clients": args.clients,
+        "requests": len(run.samples),
         "errors": len(run.samples) - len(ok),
         "first_errors": [s.error for s in run.samples if not s.ok][:3],
         "wall_seconds": round(run.wall, 3),
         "requests_per_second": round(len(ok) / run.wall, 3) if run.wall else 0.0,
-        "tokens_per_second_total": round(sum(s.tokens for s in ok) / run.wall, 2) if run.wall else 0.0,
+        "tokens_per_second_total": round(sum(s.tokens for s in ok) / run.wall, 2)
+        if run.wall
+        else 0.0,
         "ttft_median_ms": round(statistics.median([s.ttft for s in ok]) * 1000, 1) if ok else None,
         "ttft_p90_ms": round(pct([s.ttft for s in ok], 0.9) * 1000, 1) if ok else None,
-        "decode_tps_client_median": round(statistics.median([s.client_tps for s in ok]), 2) if ok else None,
+        "decode_tps_client_median": round(statistics.median([s.client_tps for s in ok]), 2)
+        if ok
+        else None,
         "decode_tps_server_median": round(statistics.median(server), 2) if server else None,
         "decode_tps_by_prompt": {p: round(statistics.median(v), 2) for p, v in by_prompt.items()},
     }
@@ -286,8 +324,12 @@ def table(path: str) -> str:
         for r in runs:
             prompts += [p for p in r["decode_tps_by_prompt"] if p not in prompts]
     med = statistics.median
-    out = ["| configuration | clients | " + " | ".join(prompts) + " | decode tok/s (median) | TTFT ms | req/s | errors |",
-           "|---|---:|" + "---:|" * len(prompts) + "---:|---:|---:|---:|"]
+    out = [
+        "| configuration | clients | "
+        + " | ".join(prompts)
+        + " | decode tok/s (median) | TTFT ms | req/s | errors |",
+        "|---|---:|" + "---:|" * len(prompts) + "---:|---:|---:|---:|",
+    ]
     for label, runs in rows.items():
         cells = []
         for p in prompts:
@@ -295,9 +337,12 @@ def table(path: str) -> str:
             cells.append(f"{med(vals):.1f}" if vals else "-")
         tps = [r["decode_tps_server_median"] or r["decode_tps_client_median"] for r in runs]
         ttft = [r["ttft_median_ms"] for r in runs if r["ttft_median_ms"] is not None]
-        out.append(f"| {label} | {runs[0]['clients']} | " + " | ".join(cells) +
-                   f" | {med(tps):.1f} | {med(ttft):.0f} | {med([r['requests_per_second'] for r in runs]):.2f} | "
-                   f"{sum(r['errors'] for r in runs)} |")
+        out.append(
+            f"| {label} | {runs[0]['clients']} | "
+            + " | ".join(cells)
+            + f" | {med(tps):.1f} | {med(ttft):.0f} | {med([r['requests_per_second'] for r in runs]):.2f} | "
+            f"{sum(r['errors'] for r in runs)} |"
+        )
     return "\n".join(out)
 
 
@@ -316,23 +361,40 @@ def main(argv: list[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="base URL of a running server (without /v1)")
     where.add_argument("--start", help="a server command to start and stop; {port} is replaced")
-    where.add_argument("--table", metavar="FILE.jsonl", help="no run: print the markdown table of the "
-                       "summaries --json appended to FILE (medians over the runs of each label)")
-    where.add_argument("--generate", help="no server: run this `specrun generate` command per request "
-                       "(--json --temp 0 -n N --prompt P appended) and report its decode tok/s, the "
-                       "baseline a server's single-client speed is held to")
+    where.add_argument(
+        "--table",
+        metavar="FILE.jsonl",
+        help="no run: print the markdown table of the "
+        "summaries --json appended to FILE (medians over the runs of each label)",
+    )
+    where.add_argument(
+        "--generate",
+        help="no server: run this `specrun generate` command per request "
+        "(--json --temp 0 -n N --prompt P appended) and report its decode tok/s, the "
+        "baseline a server's single-client speed is held to",
+    )
     ap.add_argument("--label", default=None)
-    ap.add_argument("--suite", default="builtin", help="builtin, names (code,qa,...), or FILE.jsonl (Spec-Bench)")
+    ap.add_argument(
+        "--suite",
+        default="builtin",
+        help="builtin, names (code,qa,...), or FILE.jsonl (Spec-Bench)",
+    )
     ap.add_argument("--clients", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=1, help="passes over the suite (ignored with --requests)")
-    ap.add_argument("--requests", type=int, default=0, help="total requests (default: suite x repeats)")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="passes over the suite (ignored with --requests)"
+    )
+    ap.add_argument(
+        "--requests", type=int, default=0, help="total requests (default: suite x repeats)"
+    )
     ap.add_argument("--warmup", type=int, default=1, help="requests sent first and not counted")
     ap.add_argument("-n", type=int, default=128, help="max_tokens per request")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None)
     ap.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
-    ap.add_argument("--ignore-eos", action="store_true", help="ask llama-server to ignore EOS (its extension)")
+    ap.add_argument(
+        "--ignore-eos", action="store_true", help="ask llama-server to ignore EOS (its extension)"
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--json", default=None, help="append the summary as one JSON line to FILE")
@@ -345,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate:
         run = run_generate(args.generate, suite, args)
         summary = summarize(run, args.label or "specrun generate", args) | {
-            "n": args.n, "cpu": cpu_name(), "suite": list(suite)}
+            "n": args.n,
+            "cpu": cpu_name(),
+            "suite": list(suite),
+        }
         print(json.dumps(summary, indent=1))
         if args.json:
             with open(args.json, "a", encoding="utf-8") as f:

@@ -43,28 +43,60 @@ def free_port() -> int:
 
 
 def post(url: str, body: dict, timeout: float = 600.0) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
 
 class Server:
-    def __init__(self, exe: str, target: Path, draft: Path, cfg: str, threads: int, ctx: int) -> None:
+    def __init__(
+        self, exe: str, target: Path, draft: Path, cfg: str, threads: int, ctx: int
+    ) -> None:
         self.port = free_port()
-        cmd = [exe, "-m", str(target), "-t", str(threads), "-c", str(ctx), "--host", "127.0.0.1",
-               "--port", str(self.port), "-np", "1", "--no-webui", "-fa", "off"]
+        cmd = [
+            exe,
+            "-m",
+            str(target),
+            "-t",
+            str(threads),
+            "-c",
+            str(ctx),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-np",
+            "1",
+            "--no-webui",
+            "-fa",
+            "off",
+        ]
         if cfg.startswith("md:"):
-            cmd += ["-md", str(draft), "--spec-draft-n-max", cfg[3:], "--spec-draft-n-min", "0",
-                    "--spec-draft-p-min", str(P_MIN), "-td", str(threads)]
+            cmd += [
+                "-md",
+                str(draft),
+                "--spec-draft-n-max",
+                cfg[3:],
+                "--spec-draft-n-min",
+                "0",
+                "--spec-draft-p-min",
+                str(P_MIN),
+                "-td",
+                str(threads),
+            ]
         elif cfg != "none":
             cmd += ["--spec-type", cfg]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.time() + 120
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server ({cfg}) exited: {self.proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"llama-server ({cfg}) exited: {self.proc.stderr.read().decode()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -77,11 +109,19 @@ class Server:
             time.sleep(0.3)
 
     def run(self, prompt: str, n: int) -> tuple[float, str]:
-        out = post(f"http://127.0.0.1:{self.port}/v1/chat/completions", {
-            "messages": [{"role": "user", "content": prompt}], "max_tokens": n, "temperature": 0,
-            "seed": 0, "cache_prompt": False,
-        })
-        return float(out["timings"]["predicted_per_second"]), out["choices"][0]["message"]["content"]
+        out = post(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": n,
+                "temperature": 0,
+                "seed": 0,
+                "cache_prompt": False,
+            },
+        )
+        return float(out["timings"]["predicted_per_second"]), out["choices"][0]["message"][
+            "content"
+        ]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -124,19 +164,25 @@ def main() -> int:
 
     lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
     target = Model(tpath, lo)
-    draft = Model(dpath, LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512,
-                                     n_outputs_max=65, amx_rows=True))
+    draft = Model(
+        dpath,
+        LoadOptions(
+            n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65, amx_rows=True
+        ),
+    )
     engines = {}
     for cfg in args.specrun.split(","):
         mode, _, k = cfg.partition(":")
-        eng = Engine(target, draft if mode in ("draft", "hybrid", "auto") else None,
-                     SpecConfig(mode=mode, draft_max=int(k or 4), draft_p_min=P_MIN))
+        eng = Engine(
+            target,
+            draft if mode in ("draft", "hybrid", "auto") else None,
+            SpecConfig(mode=mode, draft_max=int(k or 4), draft_p_min=P_MIN),
+        )
         if mode == "auto":
             calibrate_auto(eng)
         engines[f"specrun {cfg}"] = eng
     greedy = SamplingParams(temp=0.0, seed=0)
-    toks = {p: encode_chat(target, [{"role": "user", "content": PROMPTS[p]}])
-            for p in prompts}
+    toks = {p: encode_chat(target, [{"role": "user", "content": PROMPTS[p]}]) for p in prompts}
     for _ in range(args.repeats):
         for label, eng in engines.items():
             for p in prompts:
@@ -156,23 +202,43 @@ def main() -> int:
                 srv.stop()
 
     med = {lab: {p: statistics.median(v) for p, v in by.items()} for lab, by in results.items()}
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
-    print(f"{args.pair}: {tpath.name} + {dpath.name}; greedy, {args.n} tokens, {threads} threads, "
-          f"medians of {args.repeats}; {cpu}")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
+    print(
+        f"{args.pair}: {tpath.name} + {dpath.name}; greedy, {args.n} tokens, {threads} threads, "
+        f"medians of {args.repeats}; {cpu}"
+    )
     base_s = med.get("specrun none", {})
     base_l = med.get("llama-server none", {})
-    print("| configuration | " + " | ".join(prompts) + " | geo-mean vs own none | vs llama-server none |")
+    print(
+        "| configuration | "
+        + " | ".join(prompts)
+        + " | geo-mean vs own none | vs llama-server none |"
+    )
     print("|---" * (len(prompts) + 3) + "|")
     for lab, by in med.items():
         own = base_s if lab.startswith("specrun") else base_l
         cells = [f"{by[p]:.1f}" for p in prompts]
         gm = statistics.geometric_mean([by[p] / own[p] for p in prompts]) if own else float("nan")
-        gl = statistics.geometric_mean([by[p] / base_l[p] for p in prompts]) if base_l else float("nan")
+        gl = (
+            statistics.geometric_mean([by[p] / base_l[p] for p in prompts])
+            if base_l
+            else float("nan")
+        )
         print(f"| {lab} | " + " | ".join(cells) + f" | {gm:.2f}x | {gl:.2f}x |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"pair": args.pair, "threads": threads, "n": args.n,
-                                               "cpu": cpu, "tok_s": med}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"pair": args.pair, "threads": threads, "n": args.n, "cpu": cpu, "tok_s": med},
+                indent=1,
+            )
+        )
     return 0
 
 

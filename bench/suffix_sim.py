@@ -43,7 +43,7 @@ def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 
             m = 0
             while m < len(drafts) and i + m < len(out) and drafts[m] == out[i + m]:
                 m += 1
-            new = out[i:i + m + 1]
+            new = out[i : i + m + 1]
             v = 1.0 + slope * len(drafts)
             cost += v
             passes += 1
@@ -55,8 +55,12 @@ def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 
         policy.finish(tokens)
         plain += len(out)
         gen += len(out)
-    return {"speedup": plain / cost if cost else 0.0, "tok_per_pass": gen / passes if passes else 0.0,
-            "acceptance": accepted / drafted if drafted else 0.0, "passes": passes}
+    return {
+        "speedup": plain / cost if cost else 0.0,
+        "tok_per_pass": gen / passes if passes else 0.0,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "passes": passes,
+    }
 
 
 def make(kind: str, draft_max: int = 4):
@@ -89,7 +93,9 @@ def main() -> None:
         for kind in kinds:
             policy, k_cap = make(kind)
             r = replay(policy, reqs, a.max_tokens, k_cap, a.slope)
-            cells.append(f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f})")
+            cells.append(
+                f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f})"
+            )
         print(f"| {key} | {len(reqs)} | " + " | ".join(cells) + " |")
 
 

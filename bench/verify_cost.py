@@ -58,7 +58,9 @@ def derived(fmt: str, base: str) -> Path:
     return out
 
 
-def measure(path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...], exact: bool = True) -> dict:
+def measure(
+    path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...], exact: bool = True
+) -> dict:
     """Median seconds of an n-row pass at position ``pos``, all-row and last-row logits.
     ``exact``: weights placed as specrun places a target's (row-exact kernels only); otherwise as
     llama.cpp places them by default (every repacked type, the tiled K-quant matmul)."""
@@ -67,8 +69,12 @@ def measure(path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...
     from specrun.llama.backend import system_info
     from specrun.llama.model import LoadOptions, Model
 
-    m = Model(path, LoadOptions(n_ctx=pos + 64, n_threads=threads, n_batch=512, n_outputs_max=16,
-                                exact_rows=exact))
+    m = Model(
+        path,
+        LoadOptions(
+            n_ctx=pos + 64, n_threads=threads, n_batch=512, n_outputs_max=16, exact_rows=exact
+        ),
+    )
     try:
         prompt = (m.tokenize("The quick brown fox jumps over the lazy dog. " * 64))[:pos]
         m.decode(prompt, 0, None)
@@ -113,8 +119,24 @@ def overlay(lib_dir: Path) -> Path:
 def llama_bench(exe: str, path: Path, threads: int, reps: int) -> dict:
     sizes = ",".join(str(n) for n in SIZES)
     out = subprocess.run(
-        [exe, "-m", str(path), "-t", str(threads), "-p", sizes, "-n", "0", "-r", str(reps), "-o", "json"],
-        capture_output=True, text=True, check=True,
+        [
+            exe,
+            "-m",
+            str(path),
+            "-t",
+            str(threads),
+            "-p",
+            sizes,
+            "-n",
+            "0",
+            "-r",
+            str(reps),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     by_n = {int(r["n_prompt"]): r["avg_ns"] / 1e9 for r in json.loads(out)}
     return {"t1_ms": by_n[1] * 1e3, "last": {n: by_n[n] / by_n[1] for n in SIZES}}
@@ -123,7 +145,9 @@ def llama_bench(exe: str, path: Path, threads: int, reps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--base", default="smollm2-135m-instruct-f32", help="registry model to derive from")
+    ap.add_argument(
+        "--base", default="smollm2-135m-instruct-f32", help="registry model to derive from"
+    )
     ap.add_argument("--model", action="append", default=[], help="a GGUF file to measure as well")
     ap.add_argument("--pos", type=int, default=200)
     ap.add_argument("--reps", type=int, default=15)
@@ -140,8 +164,16 @@ def main() -> int:
     threads = args.threads or physical_cores()
     if args.child:  # one build's measurements, as JSON on stdout
         paths = json.loads(args.child)
-        print(json.dumps({p: measure(Path(p), args.pos, args.reps, threads, SIZES, not args.llama_defaults)
-                          for p in paths}))
+        print(
+            json.dumps(
+                {
+                    p: measure(
+                        Path(p), args.pos, args.reps, threads, SIZES, not args.llama_defaults
+                    )
+                    for p in paths
+                }
+            )
+        )
         return 0
 
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
@@ -151,9 +183,21 @@ def main() -> int:
     for label, lib in builds:
         env = dict(os.environ)
         if lib is not None:
-            env["PYTHONPATH"] = os.pathsep.join([str(overlay(lib)), str(ROOT / "src"), env.get("PYTHONPATH", "")])
-        cmd = [sys.executable, __file__, "--child", json.dumps([str(p) for _, p in files]),
-               "--pos", str(args.pos), "--reps", str(args.reps), "--threads", str(threads)]
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(overlay(lib)), str(ROOT / "src"), env.get("PYTHONPATH", "")]
+            )
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            json.dumps([str(p) for _, p in files]),
+            "--pos",
+            str(args.pos),
+            "--reps",
+            str(args.reps),
+            "--threads",
+            str(threads),
+        ]
         if lib is not None:  # another build: as llama.cpp itself would run it
             cmd.append("--llama-defaults")
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -162,14 +206,25 @@ def main() -> int:
             return 1
         results[label] = json.loads(res.stdout)
     if args.llama_bench:
-        results["llama-bench"] = {str(p): llama_bench(args.llama_bench, p, threads, 5) for _, p in files}
+        results["llama-bench"] = {
+            str(p): llama_bench(args.llama_bench, p, threads, 5) for _, p in files
+        }
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
     print(f"V(n) = time of an n-row pass / one row; {threads} threads, position {args.pos}; {cpu}")
     cols = list(results)
-    print("| format | " + " | ".join(f"{c} (all rows) | {c} (last row)" if c != "llama-bench" else c
-                                       for c in cols) + " |")
+    print(
+        "| format | "
+        + " | ".join(f"{c} (all rows) | {c} (last row)" if c != "llama-bench" else c for c in cols)
+        + " |"
+    )
     print("|---" * (1 + sum(2 if c != "llama-bench" else 1 for c in cols)) + "|")
     for fmt, p in files:
         cells = []
@@ -178,13 +233,24 @@ def main() -> int:
             shown = ("last",) if c == "llama-bench" else ("all", "last")
             for w in shown:
                 v = r[w]
-                cells.append(f"{r['t1_ms']:.1f} ms · " + " / ".join(f"{v[str(n)] if str(n) in v else v[n]:.2f}"
-                                                                     for n in (2, 5, 9)))
+                cells.append(
+                    f"{r['t1_ms']:.1f} ms · "
+                    + " / ".join(f"{v[str(n)] if str(n) in v else v[n]:.2f}" for n in (2, 5, 9))
+                )
         print(f"| {fmt} | " + " | ".join(cells) + " |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "pos": args.pos, "cpu": cpu,
-                                               "files": {f: str(p) for f, p in files},
-                                               "results": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "threads": threads,
+                    "pos": args.pos,
+                    "cpu": cpu,
+                    "files": {f: str(p) for f, p in files},
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

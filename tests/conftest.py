@@ -35,7 +35,15 @@ THREADS = int(os.environ.get("SPECRUN_TEST_THREADS", "2"))
 # A test that takes one of these fixtures loads (or pulls) a real model: it gets the `models`
 # marker, so `make test-fast` (-m "not models and not slow") leaves it out. A test that runs the
 # command line on a real model without them says @pytest.mark.models itself.
-MODEL_FIXTURES = {"model_path", "smol_target", "smol_draft", "gemma_target", "gemma_draft", "pairs", "self_draft"}
+MODEL_FIXTURES = {
+    "model_path",
+    "smol_target",
+    "smol_draft",
+    "gemma_target",
+    "gemma_draft",
+    "pairs",
+    "self_draft",
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -126,7 +134,7 @@ def assert_rows_exact(model, prompt: list[int], sizes, label: str, n: int = 12) 
         model.truncate(p)
         pos, batched = p, []
         for start in range(0, n, rows):
-            chunk = toks[start:start + rows]
+            chunk = toks[start : start + rows]
             model.decode(chunk, pos, logits_from=0)
             batched += [model.logits(r).copy() for r in range(len(chunk))]
             pos += len(chunk)

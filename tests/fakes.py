@@ -36,9 +36,18 @@ class FakeModel:
     is_recurrent = False
     can_truncate = True
 
-    def __init__(self, rule: Rule, *, n_ctx: int = 512, n_batch: int = 512, n_outputs_max: int = 65,
-                 peak: float = 8.0, seed: int = 0, name: str = "fake.gguf",
-                 template: str | None = None) -> None:
+    def __init__(
+        self,
+        rule: Rule,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_outputs_max: int = 65,
+        peak: float = 8.0,
+        seed: int = 0,
+        name: str = "fake.gguf",
+        template: str | None = None,
+    ) -> None:
         self.rule = rule
         self.n_vocab = N_VOCAB
         self.n_ctx = n_ctx
@@ -47,7 +56,9 @@ class FakeModel:
         self.peak = peak
         self.path = Path(name)
         self.template = template
-        self.noise = np.random.default_rng(seed).normal(0.0, 1.0, (n_ctx + 1, N_VOCAB)).astype(np.float32)
+        self.noise = (
+            np.random.default_rng(seed).normal(0.0, 1.0, (n_ctx + 1, N_VOCAB)).astype(np.float32)
+        )
         self._held: list[int] = []
         self._out: np.ndarray | None = None
         self._out_first = 0
@@ -79,7 +90,9 @@ class FakeModel:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode()
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         return ([BOS] if add_special else []) + text_tokens(text)
 
     def chat_template(self) -> str | None:
@@ -98,7 +111,9 @@ class FakeModel:
         if pos0 > len(self._held):
             raise AssertionError(f"decode at {pos0} but the cache holds {len(self._held)}")
         if logits_from is not None and n - logits_from > self.n_outputs_max:
-            raise AssertionError(f"{n - logits_from} rows of logits > n_outputs_max {self.n_outputs_max}")
+            raise AssertionError(
+                f"{n - logits_from} rows of logits > n_outputs_max {self.n_outputs_max}"
+            )
         del self._held[pos0:]
         self._held.extend(tokens)
         self.rows_decoded += n

@@ -84,8 +84,13 @@ def test_amx_draft_decodes_batches_without_crashing(model_path):
         print(json.dumps(dict(draft=d.load_report["weight_buffers"], rows=d.single_rows,
                               target_rows=t.single_rows, top=int(d.logits(-1).argmax()))))
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "SPECRUN_ALLOW_AMX": "0"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPECRUN_ALLOW_AMX": "0"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert "AMX" in got["draft"] and got["rows"] is True and got["target_rows"] is False

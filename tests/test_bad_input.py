@@ -55,14 +55,18 @@ def test_bad_model_files(tmp_path, what):
 @pytest.mark.models
 def test_truncated_gguf_is_an_error_not_a_crash(truncated_gguf):
     before = truncated_gguf.read_bytes()
-    err = one_line_error(run(BASE + ["-m", str(truncated_gguf), "--mode", "none", "--prompt", "hi"]), 1)
+    err = one_line_error(
+        run(BASE + ["-m", str(truncated_gguf), "--mode", "none", "--prompt", "hi"]), 1
+    )
     assert "truncated" in err
     assert truncated_gguf.read_bytes() == before  # nothing the user had is changed
 
 
 @pytest.mark.models
 def test_prompt_longer_than_the_context_says_by_how_much():
-    err = one_line_error(run(BASE + ["--ctx", "64", "--mode", "none", "--prompt", "word " * 600]), 1)
+    err = one_line_error(
+        run(BASE + ["--ctx", "64", "--mode", "none", "--prompt", "word " * 600]), 1
+    )
     assert "too many" in err and "--ctx" in err
 
 
@@ -81,16 +85,19 @@ def test_binary_stdin_is_refused():
     assert "binary" in err
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--ctx", "1"], "--ctx"),
-    (["--top-p", "0"], "--top-p"),
-    (["--min-p", "1.5"], "--min-p"),
-    (["--draft-min", "9", "--draft-max", "4"], "--draft-min"),
-    (["-n", "-3"], "--max-tokens"),
-    (["--threads", "0"], "--threads"),
-    (["--ngl", "-5"], "--ngl"),
-    (["--lookup-min", "5", "--lookup-max", "2"], "--lookup"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--ctx", "1"], "--ctx"),
+        (["--top-p", "0"], "--top-p"),
+        (["--min-p", "1.5"], "--min-p"),
+        (["--draft-min", "9", "--draft-max", "4"], "--draft-min"),
+        (["-n", "-3"], "--max-tokens"),
+        (["--threads", "0"], "--threads"),
+        (["--ngl", "-5"], "--ngl"),
+        (["--lookup-min", "5", "--lookup-max", "2"], "--lookup"),
+    ],
+)
 def test_nonsense_option_values_are_usage_errors(args, needle):
     err = one_line_error(run(BASE + ["--prompt", "hi"] + args), 2)
     assert needle in err

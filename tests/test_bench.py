@@ -13,7 +13,15 @@ from specrun.llama.backend import system_info
 from specrun.spec.costmodel import predicted_speedup
 from specrun.spec.stats import SpecStats
 
-SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code")
+SPEC_BENCH_CATEGORIES = (
+    "mt_bench",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "rag",
+    "code",
+)
 
 
 # -- the suite ------------------------------------------------------------------------------
@@ -36,13 +44,17 @@ def test_builtin_suite_has_every_spec_bench_category_and_code():
 
 
 def test_spec_bench_lines_parse_and_limit_selects_per_category():
-    text = "\n".join([
-        json.dumps({"question_id": 1, "category": "writing", "turns": ["a", "b"], "reference": []}),
-        json.dumps({"question_id": 2, "category": "roleplay", "turns": ["c", "d"]}),
-        "",
-        json.dumps({"question_id": "t1", "category": "translation", "turns": ["e"]}),
-        json.dumps({"question_id": "t2", "category": "translation", "turns": ["f"]}),
-    ])
+    text = "\n".join(
+        [
+            json.dumps(
+                {"question_id": 1, "category": "writing", "turns": ["a", "b"], "reference": []}
+            ),
+            json.dumps({"question_id": 2, "category": "roleplay", "turns": ["c", "d"]}),
+            "",
+            json.dumps({"question_id": "t1", "category": "translation", "turns": ["e"]}),
+            json.dumps({"question_id": "t2", "category": "translation", "turns": ["f"]}),
+        ]
+    )
     prompts = B.parse_suite(text, "x.jsonl")
     assert [p.question_id for p in prompts] == ["1", "2", "t1", "t2"]
     assert [p.column for p in prompts] == ["mt_bench", "mt_bench", "translation", "translation"]
@@ -55,15 +67,24 @@ def test_spec_bench_lines_parse_and_limit_selects_per_category():
 GOOD = json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]})
 
 
-@pytest.mark.parametrize("bad, why", [
-    ('{"question_id": 2, "category": "qa", "turns": ["x"', "not valid JSON"),
-    ('{"question_id": 2, "turns": ["x"]}', "missing key category"),
-    ('{"category": "qa"}', "missing keys question_id, turns"),
-    ('{"question_id": 2, "category": "qa", "turns": []}', "turns must be a non-empty list"),
-    ('{"question_id": 2, "category": "qa", "turns": ["", "y"]}', "every turn must be a non-empty string"),
-    ('["not", "an", "object"]', "expected a JSON object"),
-    ('{"question_id": 1, "category": "qa", "turns": ["again"]}', "question_id 1 repeats line 1"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"question_id": 2, "category": "qa", "turns": ["x"', "not valid JSON"),
+        ('{"question_id": 2, "turns": ["x"]}', "missing key category"),
+        ('{"category": "qa"}', "missing keys question_id, turns"),
+        ('{"question_id": 2, "category": "qa", "turns": []}', "turns must be a non-empty list"),
+        (
+            '{"question_id": 2, "category": "qa", "turns": ["", "y"]}',
+            "every turn must be a non-empty string",
+        ),
+        ('["not", "an", "object"]', "expected a JSON object"),
+        (
+            '{"question_id": 1, "category": "qa", "turns": ["again"]}',
+            "question_id 1 repeats line 1",
+        ),
+    ],
+)
 def test_malformed_line_is_named_by_its_number(bad, why):
     with pytest.raises(UsageError) as exc:
         B.parse_suite(GOOD + "\n" + bad + "\n", "s.jsonl")
@@ -107,9 +128,19 @@ def test_geomean_ignores_missing():
 
 
 # -- end to end on the default pair ----------------------------------------------------------
-RUN_FIELDS = ("mode", "draft_max", "category", "prompt_id", "tokens_per_second", "speedup",
-              "acceptance_rate", "mean_accepted_length", "identical", "predicted_speedup",
-              "overhead_fraction")
+RUN_FIELDS = (
+    "mode",
+    "draft_max",
+    "category",
+    "prompt_id",
+    "tokens_per_second",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "identical",
+    "predicted_speedup",
+    "overhead_fraction",
+)
 
 
 @pytest.mark.models
@@ -117,12 +148,44 @@ def test_bench_short_real_run_writes_json_markdown_and_png(tmp_path, capsys):
     # One thread: on a shared 2-core machine two OpenMP threads stall each other at every
     # barrier when a core is taken (seen: 10x slower), and this test checks fields, not speed.
     suite = tmp_path / "one.jsonl"
-    suite.write_text(json.dumps({"question_id": "c1", "category": "code", "turns": [
-        "Write a Python function called factorial that returns the factorial of n."]}) + "\n")
+    suite.write_text(
+        json.dumps(
+            {
+                "question_id": "c1",
+                "category": "code",
+                "turns": [
+                    "Write a Python function called factorial that returns the factorial of n."
+                ],
+            }
+        )
+        + "\n"
+    )
     out_json, out_md, out_png = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "sub" / "b.png"
-    rc = main(["bench", "--suite", str(suite), "--modes", "none,draft,bogus", "--draft-max", "2",
-               "-n", "24", "--repeats", "1", "--threads", "1", "--ctx", "512",
-               "--json", str(out_json), "--md", str(out_md), "--plot", str(out_png)])
+    rc = main(
+        [
+            "bench",
+            "--suite",
+            str(suite),
+            "--modes",
+            "none,draft,bogus",
+            "--draft-max",
+            "2",
+            "-n",
+            "24",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--ctx",
+            "512",
+            "--json",
+            str(out_json),
+            "--md",
+            str(out_md),
+            "--plot",
+            str(out_png),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "skipping --mode bogus: --mode must be one of" in cap.err
@@ -149,7 +212,9 @@ def test_bench_short_real_run_writes_json_markdown_and_png(tmp_path, capsys):
     summary = {s["label"]: s for s in data["summary"]}
     assert set(summary) == {"none", "draft K=2"}
     assert summary["none"]["speedup"] == 1.0
-    assert summary["draft K=2"]["speedup_by_category"]["code"] == pytest.approx(d["speedup"], rel=1e-3)
+    assert summary["draft K=2"]["speedup_by_category"]["code"] == pytest.approx(
+        d["speedup"], rel=1e-3
+    )
 
     md = out_md.read_text()
     assert "| mode | K | Code | overall | predicted |" in md and "| draft | 2 |" in md
@@ -179,17 +244,27 @@ class _FakeEngine:
             st.record_pass("none", 0, 0)
             st.record_timing(1, 1.0 / self.tps, 0.0, 0)
         st.generated, st.decode_seconds, st.llama_seconds = n, n / self.tps, 0.9 * n / self.tps
-        return SimpleNamespace(tokens=self.tokens[:n], text="reply " + self.mode, stats=st,
-                               prompt_tokens=len(prompt), finish_reason="length")
+        return SimpleNamespace(
+            tokens=self.tokens[:n],
+            text="reply " + self.mode,
+            stats=st,
+            prompt_tokens=len(prompt),
+            finish_reason="length",
+        )
 
 
 def test_runner_alternates_configurations_compares_and_follows_turns():
     log: list = []
-    engines = [(B.Config("none", 0), _FakeEngine("none", [1, 2, 3, 4], 10.0, log)),
-               (B.Config("x", 2), _FakeEngine("x", [1, 2, 3, 4], 20.0, log)),
-               (B.Config("y", 2), _FakeEngine("y", [1, 2, 9, 9], 5.0, log))]
-    prompts = [B.Prompt("1", "writing", ("hi", "more")), B.Prompt("2", "qa", ("q" * 60,)),
-               B.Prompt("3", "qa", ("why",))]
+    engines = [
+        (B.Config("none", 0), _FakeEngine("none", [1, 2, 3, 4], 10.0, log)),
+        (B.Config("x", 2), _FakeEngine("x", [1, 2, 3, 4], 20.0, log)),
+        (B.Config("y", 2), _FakeEngine("y", [1, 2, 9, 9], 5.0, log)),
+    ]
+    prompts = [
+        B.Prompt("1", "writing", ("hi", "more")),
+        B.Prompt("2", "qa", ("q" * 60,)),
+        B.Prompt("3", "qa", ("why",)),
+    ]
     seen: list[list[dict]] = []
 
     def encode(messages):
@@ -203,13 +278,19 @@ def test_runner_alternates_configurations_compares_and_follows_turns():
     measured = [m for m, _, _ in log[3:]]
     assert measured[:6] == ["none", "x", "y", "x", "y", "none"]  # rotated per repeat
     # turn 2 continues after the baseline's reply to turn 1
-    assert seen[2] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "reply none"},
-                       {"role": "user", "content": "more"}]
+    assert seen[2] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "reply none"},
+        {"role": "user", "content": "more"},
+    ]
     assert warnings == ["skipping prompt 2 (qa) turn 1: the prompt is too long"]
     assert B.count_runs(prompts, 3, settings) == 4 * 3 * 2 + 3
     rows = {r.config.label: r for r in B.summarize(res)}
     assert rows["x K=2"].speedup == pytest.approx(2.0)
-    assert rows["y K=2"].speedup_by_column == {"mt_bench": pytest.approx(0.5), "qa": pytest.approx(0.5)}
+    assert rows["y K=2"].speedup_by_column == {
+        "mt_bench": pytest.approx(0.5),
+        "qa": pytest.approx(0.5),
+    }
     assert rows["x K=2"].identical == (6, 6) and rows["y K=2"].identical == (0, 6)
     assert rows["none"].overhead_fraction == pytest.approx(0.1)
     assert rows["x K=2"].n_prompts == 3  # two turns of prompt 1, and prompt 3

@@ -15,8 +15,15 @@ from specrun.spec.sampling import SamplingParams
 
 
 def first_choices(policy, n, accept_rate, t1, slope, draft_step_s=0.004, seed=0):
-    return drive(policy, n, accept_rate=accept_rate, draft_step_s=draft_step_s, t1=t1, slope=slope,
-                 rng=np.random.default_rng(seed))
+    return drive(
+        policy,
+        n,
+        accept_rate=accept_rate,
+        draft_step_s=draft_step_s,
+        t1=t1,
+        slope=slope,
+        rng=np.random.default_rng(seed),
+    )
 
 
 def test_expensive_batches_are_recognised_before_the_first_bet():
@@ -61,8 +68,13 @@ class FakeModel:
         self.decoded: list[int] = []
 
     def context_params(self):
-        return {"n_threads": self.threads, "n_threads_batch": self.threads, "gpu_layers": 0,
-                "flash_attn": "disabled", "type_k": "f16"}
+        return {
+            "n_threads": self.threads,
+            "n_threads_batch": self.threads,
+            "gpu_layers": 0,
+            "flash_attn": "disabled",
+            "type_k": "f16",
+        }
 
     def clear(self):
         pass

@@ -62,7 +62,9 @@ class FakeTarget:
     def is_eog(self, t: int) -> bool:
         return t == 2
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         out = [1] if add_special else []
         i = 0
         while i < len(text):
@@ -126,14 +128,20 @@ class FakeEngine(Engine):
         t = self.target
         t.reply = [100 + ord(c) for c in self.replies.pop(0)]
         t.start, t.fail_at = len(prompt), self.fail_at
-        return super().generate(prompt, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=reuse_cache)
+        return super().generate(
+            prompt, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=reuse_cache
+        )
 
 
 def _session(replies, n_ctx=400, max_tokens=50, **kw):
     eng = FakeEngine(FakeTarget(n_ctx), replies, **kw)
     notices: list[str] = []
-    s = ChatSession(eng, params=SamplingParams(temp=0.8, seed=5), max_tokens=max_tokens,  # type: ignore[arg-type]
-                    notice=notices.append)
+    s = ChatSession(
+        eng,
+        params=SamplingParams(temp=0.8, seed=5),
+        max_tokens=max_tokens,  # type: ignore[arg-type]
+        notice=notices.append,
+    )
     return s, eng, notices
 
 
@@ -150,7 +158,7 @@ def test_second_turn_extends_the_token_list():
     second = eng.prompts[1]
     reply = [100 + ord(c) for c in "Hello there"]
     assert second[: len(first) + len(reply)] == first + reply  # the old list, then only a tail
-    tail = second[len(first) + len(reply):]
+    tail = second[len(first) + len(reply) :]
     assert tail[:2] == [2, 100 + ord("\n")]  # the template's end of turn: <|im_end|>\n
     assert s.last["prefill_tokens"] == s.last["new_tokens"] == len(tail) + 1  # + the pending token
     assert s.last["seed"] == 6  # seed S + turn
@@ -202,13 +210,17 @@ def test_message_longer_than_context_is_an_error_not_a_crash():
 def test_template_that_rewrites_replies_falls_back_to_full_tokenization():
     """A template that trims contents: the reply's text is not a prefix of the new rendering,
     so the conversation is re-tokenized whole; the engine still reuses the common prefix."""
-    eng = FakeEngine(FakeTarget(template=CHATML.replace("message['content']", "(message['content'] | trim)")),
-                     ["  spaced reply  ", "ok"])
+    eng = FakeEngine(
+        FakeTarget(template=CHATML.replace("message['content']", "(message['content'] | trim)")),
+        ["  spaced reply  ", "ok"],
+    )
     s = ChatSession(eng, params=SamplingParams())  # type: ignore[arg-type]
     _run(s.respond("Hi"))
     _run(s.respond("Again"))
     first, second = eng.prompts
-    assert "spaced reply<|im_end|>" in "".join(chr(t - 100) if t >= 100 else "<|im_end|>" if t == 2 else "" for t in second)
+    assert "spaced reply<|im_end|>" in "".join(
+        chr(t - 100) if t >= 100 else "<|im_end|>" if t == 2 else "" for t in second
+    )
     assert s.last["prefill_tokens"] == s.last["new_tokens"] < len(second)
     assert common_prefix(first, second) == len(first)
 
@@ -266,8 +278,14 @@ def test_commands(tmp_path):
     _run(s.respond("Hi"))
     assert cmd("/stats")
     stats = json.loads(printed[-1])
-    assert {"acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_second",
-            "prefill_tokens", "accepted_length_histogram"} <= stats.keys()
+    assert {
+        "acceptance_rate",
+        "mean_accepted_length",
+        "per_position_acceptance",
+        "tokens_per_second",
+        "prefill_tokens",
+        "accepted_length_histogram",
+    } <= stats.keys()
     assert cmd(f"/save {tmp_path}/t.json")
     saved = json.loads((tmp_path / "t.json").read_text())
     assert [m["role"] for m in saved["messages"]] == ["user", "assistant"]
@@ -301,7 +319,10 @@ def test_new_turn_prefills_only_its_tokens_in_both_models(smol_target, smol_draf
     second = s.last
     assert first["prefill_tokens"] == first["prompt_tokens"]
     assert second["prefill_tokens"] == second["new_tokens"]
-    assert second["prefill_tokens"] == second["prompt_tokens"] - first["prompt_tokens"] - first["generated_tokens"] + 1
+    assert (
+        second["prefill_tokens"]
+        == second["prompt_tokens"] - first["prompt_tokens"] - first["generated_tokens"] + 1
+    )
     # the draft model evaluated the same tail (it keeps the last token pending too)
     assert draft_prefill == [first["prompt_tokens"] - 1, second["prefill_tokens"] - 1]
 
@@ -325,8 +346,13 @@ def test_chat_in_a_terminal(tmp_path):
     pexpect = pytest.importorskip("pexpect")
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path), TERM="xterm-256color", COLUMNS="100")
     env.pop("NO_COLOR", None)
-    child = pexpect.spawn(SPECRUN, ["chat", "--ctx", "256", "-n", "24", "--seed", "1", "--threads", "2"],
-                          env=env, timeout=90, dimensions=(40, 100))
+    child = pexpect.spawn(
+        SPECRUN,
+        ["chat", "--ctx", "256", "-n", "24", "--seed", "1", "--threads", "2"],
+        env=env,
+        timeout=90,
+        dimensions=(40, 100),
+    )
     try:
         child.expect_exact(PROMPT)
         child.sendline("Hi, who are you?")
@@ -379,8 +405,13 @@ def test_chat_needs_a_template():
     import subprocess
 
     # Gemma 3 270M is a base model: its GGUF has no chat template
-    p = subprocess.run([SPECRUN, "chat", "-m", "gemma-3-270m-q4_k_m", "--mode", "none", "--ctx", "64"],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [SPECRUN, "chat", "-m", "gemma-3-270m-q4_k_m", "--mode", "none", "--ctx", "64"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 1
     assert p.stderr.startswith("specrun: error: gemma-3-270m-q4_k_m.gguf has no chat template")
     assert "Traceback" not in p.stderr
@@ -391,8 +422,13 @@ def test_chat_reads_a_pipe():
     """Not a terminal: no prompt, no footer, no colour; one reply per line of input."""
     import subprocess
 
-    p = subprocess.run([SPECRUN, "chat", "--ctx", "256", "-n", "8", "--seed", "1", "--temp", "0"],
-                       input="Hi!\n/stats\n", capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [SPECRUN, "chat", "--ctx", "256", "-n", "8", "--seed", "1", "--temp", "0"],
+        input="Hi!\n/stats\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert "\x1b" not in p.stdout and PROMPT not in p.stdout

@@ -20,8 +20,14 @@ CHAT = [
     {"role": "user", "content": "What is 2+2?"},
 ]
 # A tool whose text would be escaped by jinja2's own tojson (HTML-safe, ASCII-only)
-TOOL = {"type": "function", "function": {"name": "météo", "description": "Temps <b>&</b> 'ciel' à Paris",
-                                         "parameters": {"type": "object", "properties": {}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "météo",
+        "description": "Temps <b>&</b> 'ciel' à Paris",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 def template(name: str) -> str:
@@ -59,7 +65,10 @@ def test_qwen25_and_tools_as_transformers_writes_them() -> None:
     )
     out = render(t, CHAT[:2], tools=[TOOL])
     # tojson as transformers: non-ASCII and HTML characters as they are
-    assert '{"type": "function", "function": {"name": "météo", "description": "Temps <b>&</b> \'ciel\' à Paris"' in out
+    assert (
+        '{"type": "function", "function": {"name": "météo", "description": "Temps <b>&</b> \'ciel\' à Paris"'
+        in out
+    )
     assert out.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
     assert out.endswith("<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n")
 
@@ -84,9 +93,11 @@ def test_llama32_with_extra_arguments_and_indented_tojson() -> None:
 def test_generation_tag_and_template_arguments() -> None:
     # {% generation %} (transformers' assistant mask) renders its body; enable_thinking and the
     # like reach the template as variables
-    t = ("{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' %}{% generation %}"
-         "{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}"
-         "{% if add_generation_prompt %}<|assistant|>{% if not enable_thinking %}<think></think>{% endif %}{% endif %}")
+    t = (
+        "{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' %}{% generation %}"
+        "{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% if not enable_thinking %}<think></think>{% endif %}{% endif %}"
+    )
     assert render(t, CHAT[1:3], add_generation_prompt=False) == "<|user|>Hello!<|assistant|>Hi."
     assert render(t, CHAT[1:2], enable_thinking=False).endswith("<|assistant|><think></think>")
     assert render(t, CHAT[1:2], enable_thinking=True).endswith("<|assistant|>")
@@ -106,7 +117,9 @@ def test_chat_template_kwargs_as_llama_cpp_takes_them() -> None:
     from specrun.errors import UsageError
 
     assert parse_kwargs('{"enable_thinking": false, "date_string": "1 Jan 2025"}') == {
-        "enable_thinking": False, "date_string": "1 Jan 2025"}
+        "enable_thinking": False,
+        "date_string": "1 Jan 2025",
+    }
     assert parse_kwargs(None) == {}
     with pytest.raises(UsageError, match="takes a JSON object"):
         parse_kwargs("[]")

@@ -61,13 +61,28 @@ def test_stats_line_on_request():
 
 
 SCHEMA = {
-    "text": str, "tokens": list, "finish_reason": str, "prompt_tokens": int, "generated_tokens": int,
-    "mode": str, "target": dict, "draft": dict, "sampling": dict, "stats": dict,
+    "text": str,
+    "tokens": list,
+    "finish_reason": str,
+    "prompt_tokens": int,
+    "generated_tokens": int,
+    "mode": str,
+    "target": dict,
+    "draft": dict,
+    "sampling": dict,
+    "stats": dict,
 }
 STATS = {
-    "drafted": int, "accepted": int, "acceptance_rate": float, "target_passes": int,
-    "mean_accepted_length": float, "per_position_acceptance": list, "accepted_length_histogram": list,
-    "prefill_seconds": float, "decode_seconds": float, "tokens_per_second": float,
+    "drafted": int,
+    "accepted": int,
+    "acceptance_rate": float,
+    "target_passes": int,
+    "mean_accepted_length": float,
+    "per_position_acceptance": list,
+    "accepted_length_histogram": list,
+    "prefill_seconds": float,
+    "decode_seconds": float,
+    "tokens_per_second": float,
 }
 
 
@@ -81,7 +96,20 @@ def check_schema(obj, schema):
 
 
 def test_json_matches_the_contract():
-    p = run(BASE + ["-n", "40", "--prompt", "Write a haiku about rain.", "--json", "--mode", "draft", "--seed", "42"])
+    p = run(
+        BASE
+        + [
+            "-n",
+            "40",
+            "--prompt",
+            "Write a haiku about rain.",
+            "--json",
+            "--mode",
+            "draft",
+            "--seed",
+            "42",
+        ]
+    )
     assert p.returncode == 0, p.stderr
     obj = json.loads(p.stdout)  # exactly one JSON object, nothing else on stdout
     check_schema(obj, SCHEMA)
@@ -95,13 +123,34 @@ def test_json_matches_the_contract():
     assert obj["target"]["name"] == DEFAULT_TARGET
     assert obj["draft"]["name"] == "smollm2-135m-instruct-q4_0"
     assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["drafted"], abs=1e-3)
-    assert s["mean_accepted_length"] == pytest.approx(obj["generated_tokens"] / s["target_passes"], abs=1e-3)
-    assert s["tokens_per_second"] == pytest.approx(obj["generated_tokens"] / s["decode_seconds"], rel=0.02)
+    assert s["mean_accepted_length"] == pytest.approx(
+        obj["generated_tokens"] / s["target_passes"], abs=1e-3
+    )
+    assert s["tokens_per_second"] == pytest.approx(
+        obj["generated_tokens"] / s["decode_seconds"], rel=0.02
+    )
     assert sum(s["accepted_length_histogram"]) == s["target_passes"]
 
 
 def test_json_n_completions_seeds():
-    p = run(BASE + ["-n", "8", "--prompt", "Tell me a word.", "--json", "-N", "3", "--temp", "0.9", "--seed", "5", "--mode", "draft"])
+    p = run(
+        BASE
+        + [
+            "-n",
+            "8",
+            "--prompt",
+            "Tell me a word.",
+            "--json",
+            "-N",
+            "3",
+            "--temp",
+            "0.9",
+            "--seed",
+            "5",
+            "--mode",
+            "draft",
+        ]
+    )
     assert p.returncode == 0, p.stderr
     obj = json.loads(p.stdout)
     assert obj["sampling"]["seed"] == 5
@@ -110,7 +159,24 @@ def test_json_n_completions_seeds():
     for c in comps:
         check_schema(c, {"text": str, "tokens": list, "finish_reason": str, "stats": dict})
     # Completion i with seed S+i is the same as a single run with that seed.
-    single = json.loads(run(BASE + ["-n", "8", "--prompt", "Tell me a word.", "--json", "--temp", "0.9", "--seed", "6", "--mode", "draft"]).stdout)
+    single = json.loads(
+        run(
+            BASE
+            + [
+                "-n",
+                "8",
+                "--prompt",
+                "Tell me a word.",
+                "--json",
+                "--temp",
+                "0.9",
+                "--seed",
+                "6",
+                "--mode",
+                "draft",
+            ]
+        ).stdout
+    )
     assert single["tokens"] == comps[1]["tokens"]
 
 
@@ -122,8 +188,21 @@ def test_json_none_mode_is_plain_decoding():
 
 
 def test_incompatible_pair_fails_cleanly():
-    p = run(BASE + ["-m", "smollm2-135m-instruct-f32", "-md", "gemma-3-270m-q4_k_m", "--mode", "draft",
-                    "--prompt", "hi", "-n", "4"])
+    p = run(
+        BASE
+        + [
+            "-m",
+            "smollm2-135m-instruct-f32",
+            "-md",
+            "gemma-3-270m-q4_k_m",
+            "--mode",
+            "draft",
+            "--prompt",
+            "hi",
+            "-n",
+            "4",
+        ]
+    )
     assert p.returncode == 1
     err = p.stderr.decode().strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -131,15 +210,18 @@ def test_incompatible_pair_fails_cleanly():
     assert p.stdout == b""
 
 
-@pytest.mark.parametrize("args, code, needle", [
-    (["--draft-max", "0"], 2, "--draft-max"),
-    (["--temp", "-1"], 2, "--temp"),
-    (["--top-p", "2"], 2, "--top-p"),
-    (["--mode", "warp"], 2, "--mode"),
-    (["--no-such-flag"], 2, "No such option"),
-    (["-m", "/nonexistent/model.gguf"], 1, "not found"),
-    (["-m", "smollm2-135m-instruct-f3"], 1, "smollm2-135m-instruct-f32"),
-])
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        (["--draft-max", "0"], 2, "--draft-max"),
+        (["--temp", "-1"], 2, "--temp"),
+        (["--top-p", "2"], 2, "--top-p"),
+        (["--mode", "warp"], 2, "--mode"),
+        (["--no-such-flag"], 2, "No such option"),
+        (["-m", "/nonexistent/model.gguf"], 1, "not found"),
+        (["-m", "smollm2-135m-instruct-f3"], 1, "smollm2-135m-instruct-f32"),
+    ],
+)
 def test_bad_input_is_one_line_and_an_exit_code(args, code, needle):
     p = run(BASE + ["--prompt", "hi", "-n", "4"] + args)
     err = p.stderr.decode()
@@ -153,8 +235,21 @@ def test_empty_prompt_is_a_usage_error():
 
 
 def test_ctrl_c_exits_130_and_keeps_the_text():
-    proc = subprocess.Popen(BASE + ["-n", "2000", "--prompt", "Write a long essay about the sea.", "--mode", "none",
-                                    "--ctx", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        BASE
+        + [
+            "-n",
+            "2000",
+            "--prompt",
+            "Write a long essay about the sea.",
+            "--mode",
+            "none",
+            "--ctx",
+            "4096",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     # Wait for the first streamed bytes, then interrupt.
     first = proc.stdout.read(1)
     assert first
@@ -167,7 +262,11 @@ def test_ctrl_c_exits_130_and_keeps_the_text():
 
 
 def test_broken_pipe_is_quiet():
-    p = subprocess.run(f"{SPECRUN} generate --threads 2 --prompt 'Write a long story.' -n 400 --mode none | head -c 10",
-                       shell=True, capture_output=True, timeout=300)
+    p = subprocess.run(
+        f"{SPECRUN} generate --threads 2 --prompt 'Write a long story.' -n 400 --mode none | head -c 10",
+        shell=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert len(p.stdout) == 10
     assert b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr

@@ -44,7 +44,9 @@ def _plain(renderable, width: int = 80, **kw) -> str:
 
 
 def test_footer_snapshot():
-    text = _plain(render_footer(_stats(), drafter="draft", k=4, draft_max=4), no_wrap=True, overflow="crop")
+    text = _plain(
+        render_footer(_stats(), drafter="draft", k=4, draft_max=4), no_wrap=True, overflow="crop"
+    )
     assert text == (
         "─── specrun ────────────────────────────────────────────────────────────────────\n"
         "draft K=4/4  60.0 tok/s  accept 68.8% · last 64 68.8%  3.75 tok/pass  30 tok\n"
@@ -56,8 +58,12 @@ def test_footer_shows_k_against_the_cap_of_the_drafter_that_ran():
     """The suffix drafter may propose up to --lookup-draft-max (16) where the draft model stops
     at --draft-max (4): a 12-token lookup proposal reads 12/16, not 12/4."""
     st = _stats()
-    lookup = _plain(render_footer(st, drafter="lookup", k=12, draft_max=4, lookup_max=16), no_wrap=True)
-    draft = _plain(render_footer(st, drafter="draft", k=3, draft_max=4, lookup_max=16), no_wrap=True)
+    lookup = _plain(
+        render_footer(st, drafter="lookup", k=12, draft_max=4, lookup_max=16), no_wrap=True
+    )
+    draft = _plain(
+        render_footer(st, drafter="draft", k=3, draft_max=4, lookup_max=16), no_wrap=True
+    )
     assert "lookup K=12/16" in lookup and "draft K=3/4" in draft
 
 
@@ -65,8 +71,12 @@ def test_footer_without_drafts_and_narrow():
     st = SpecStats()
     st.record_pass("none", 0, 0)
     st.generated, st.decode_seconds = 1, 0.1
-    text = _plain(render_footer(st, drafter="none", k=0, draft_max=None, legend=False), width=30,
-                  no_wrap=True, overflow="crop")
+    text = _plain(
+        render_footer(st, drafter="none", k=0, draft_max=None, legend=False),
+        width=30,
+        no_wrap=True,
+        overflow="crop",
+    )
     lines = text.splitlines()
     assert len(lines) == 3 and all(len(line) <= 30 for line in lines)
     assert lines[1].startswith("target alone  10.0 tok/s  acc")
@@ -98,16 +108,27 @@ def _runs(s: str) -> list[tuple[str, str]]:
     pos = 0
     for m in SGR.finditer(s):
         if m.start() > pos:
-            out.append((colour, s[pos:m.start()]))
+            out.append((colour, s[pos : m.start()]))
         code = m.group(1)
-        colour = {"32": "green", "33": "yellow"}.get(code, "" if code in ("", "0", "39") else colour)
+        colour = {"32": "green", "33": "yellow"}.get(
+            code, "" if code in ("", "0", "39") else colour
+        )
         pos = m.end()
     if pos < len(s):
         out.append((colour, s[pos:]))
     return out
 
 
-PIECES = {1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"!\n", 6: b"\xe6\x97", 7: b"\xa5", 8: b" ok"}
+PIECES = {
+    1: b"Hel",
+    2: b"lo",
+    3: b" wor",
+    4: b"ld",
+    5: b"!\n",
+    6: b"\xe6\x97",
+    7: b"\xa5",
+    8: b" ok",
+}
 
 
 def _step(tokens, flags, text, st=None):
@@ -125,8 +146,16 @@ def test_colour_spans_follow_token_origin():
         d.step(_step([7, 8], [True, False], "日 ok"))
     runs = [(c, t) for c, t in _runs(out.getvalue()) if t]
     assert "".join(t for _, t in runs) == "Hello world!\n日 ok\n"
-    assert runs == [("green", "Hello"), ("yellow", " wor"), ("green", "ld"), ("yellow", "!"),
-                    ("", "\n"), ("green", "日"), ("yellow", " ok"), ("", "\n")]
+    assert runs == [
+        ("green", "Hello"),
+        ("yellow", " wor"),
+        ("green", "ld"),
+        ("yellow", "!"),
+        ("", "\n"),
+        ("green", "日"),
+        ("yellow", " ok"),
+        ("", "\n"),
+    ]
     assert err.getvalue() == ""  # no footer: nothing on stderr
 
 
@@ -139,14 +168,24 @@ def test_token_spans_text_released_late():
 
 def test_token_spans_without_pieces_splits_by_share():
     spans = TokenSpans(None)
-    assert spans.feed([1, 2, 3, 4], [True, True, True, False], "abcdefgh") == [("abcdef", True), ("gh", False)]
+    assert spans.feed([1, 2, 3, 4], [True, True, True, False], "abcdefgh") == [
+        ("abcdef", True),
+        ("gh", False),
+    ]
 
 
 def test_live_footer_on_stderr_text_on_stdout():
     out, err = io.StringIO(), io.StringIO()
     t = [0.0]
-    d = LiveDisplay(out=out, err=err, width=40, piece=PIECES.__getitem__, draft_max=4, summary="full",
-                    clock=lambda: t[0])
+    d = LiveDisplay(
+        out=out,
+        err=err,
+        width=40,
+        piece=PIECES.__getitem__,
+        draft_max=4,
+        summary="full",
+        clock=lambda: t[0],
+    )
     with d:
         d.step(_step([1, 2, 3], [True, True, False], "Hello wor"))
         t[0] += 1.0
@@ -155,7 +194,9 @@ def test_live_footer_on_stderr_text_on_stdout():
     plain_out = SGR.sub("", out.getvalue())
     assert plain_out == "Hello world!\n"  # stdout: the text, nothing else
     e = err.getvalue()
-    assert "\x1b[?25l" in e and SGR.sub("", e).rstrip().endswith("╯")  # cursor hidden while live; summary last
+    assert "\x1b[?25l" in e and SGR.sub("", e).rstrip().endswith(
+        "╯"
+    )  # cursor hidden while live; summary last
     assert "\x1b[?25h" in e
     assert "accept" in e and "tok/s" in e and "seed 7" in e
     # the unfinished line is drawn in the region (stderr) before it reaches stdout
@@ -172,7 +213,11 @@ def test_long_line_goes_to_stdout_unbroken():
     with d:
         for i in range(0, 200, 3):
             ids = list(range(i, min(i + 3, 200)))
-            d.step(_step(ids, [True] * (len(ids) - 1) + [False], "".join(pieces[j].decode() for j in ids)))
+            d.step(
+                _step(
+                    ids, [True] * (len(ids) - 1) + [False], "".join(pieces[j].decode() for j in ids)
+                )
+            )
             assert d._line_cells <= 30
     assert SGR.sub("", out.getvalue()) == text + "\n"
     regions = [r for r in CONTROL.split(err.getvalue()) if r]
@@ -203,8 +248,12 @@ def test_no_color_output_has_no_colour():
 def test_make_sink_choices(monkeypatch):
     monkeypatch.delenv("NO_COLOR", raising=False)
     # redirected stdout: plain text, whatever else is asked
-    assert isinstance(make_sink(live=None, color=None, stdout_tty=False, stderr_tty=True), PlainStream)
-    assert isinstance(make_sink(live=None, color=True, stdout_tty=False, stderr_tty=False), PlainStream)
+    assert isinstance(
+        make_sink(live=None, color=None, stdout_tty=False, stderr_tty=True), PlainStream
+    )
+    assert isinstance(
+        make_sink(live=None, color=True, stdout_tty=False, stderr_tty=False), PlainStream
+    )
     # --live with redirected stdout and a terminal stderr: the footer alone
     s = make_sink(live=True, color=None, stdout_tty=False, stderr_tty=True)
     assert isinstance(s, LiveDisplay) and s.footer and not s.text_on_terminal
@@ -214,7 +263,9 @@ def test_make_sink_choices(monkeypatch):
     # --no-live on a terminal: coloured text, no footer, no summary from the display
     s = make_sink(live=False, color=None, stdout_tty=True, stderr_tty=True)
     assert isinstance(s, LiveDisplay) and not s.footer and not s.prints_summary
-    assert isinstance(make_sink(live=False, color=False, stdout_tty=True, stderr_tty=True), PlainStream)
+    assert isinstance(
+        make_sink(live=False, color=False, stdout_tty=True, stderr_tty=True), PlainStream
+    )
     # stderr not a terminal: no footer (the contract keeps the live display to a terminal stderr)
     s = make_sink(live=True, color=None, stdout_tty=True, stderr_tty=False)
     assert isinstance(s, LiveDisplay) and not s.footer
@@ -232,4 +283,8 @@ def test_plain_stream_and_summary_line_unchanged():
         p.finish(Result("Hi", [1], "eos", 3, _stats(), 5, "draft"))
     assert out.getvalue() == "Hi"  # not a terminal: no newline added
     line = summary_line(Result("Hi", [1], "eos", 3, _stats(), 5, "draft"), 4)
-    assert line.startswith("specrun: 30 tokens in 0.50 s (60.0 tok/s)") and "K=4" in line and "seed 5" in line
+    assert (
+        line.startswith("specrun: 30 tokens in 0.50 s (60.0 tok/s)")
+        and "K=4" in line
+        and "seed 5" in line
+    )

@@ -14,8 +14,10 @@ GREEDY = SamplingParams(temp=0.0, seed=0)
 
 
 def _tokens(m):
-    text = ("def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
-            "    return a\n\n\ndef fact(n):\n    out = 1\n    for i in range(2, n + 1):\n")
+    text = (
+        "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+        "    return a\n\n\ndef fact(n):\n    out = 1\n    for i in range(2, n + 1):\n"
+    )
     return m.tokenize(text, add_special=True)
 
 

@@ -18,7 +18,7 @@ GREEDY = SamplingParams(temp=0.0)
 N = 128
 
 PROMPTS = {
-    "code": "def quicksort(items):\n    \"\"\"Sort a list with quicksort.\"\"\"\n",
+    "code": 'def quicksort(items):\n    """Sort a list with quicksort."""\n',
     "prose": "The history of the printing press begins in the fifteenth century, when",
     "list": "Ten common fruits, one per line:\n1. Apple\n2.",
     "repeat": "la la la la la la la la la la la la la la la la la la la la",
@@ -139,12 +139,17 @@ def steps_of(engine, toks, **kw):
 
 def test_all_drafts_accepted(smol_target, self_draft, monkeypatch):
     toks = prompt_tokens(smol_target, "code")
-    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=N, reuse_cache=False
+    )
     engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0))
     rows: list[int] = []
     real_decode = self_draft.decode
-    monkeypatch.setattr(self_draft, "decode", lambda t, p, logits_from=None: (
-        rows.append(len(t)), real_decode(t, p, logits_from))[1])
+    monkeypatch.setattr(
+        self_draft,
+        "decode",
+        lambda t, p, logits_from=None: (rows.append(len(t)), real_decode(t, p, logits_from))[1],
+    )
     got = engine.run(toks, max_tokens=N, reuse_cache=False)
     assert got.tokens == want.tokens
     h = got.stats.histogram
@@ -155,13 +160,20 @@ def test_all_drafts_accepted(smol_target, self_draft, monkeypatch):
     # the rows of rejected drafts (a rejected draft's last token is never evaluated, so at most
     # one row each). One re-decoded row per pass would add ~N/5 rows.
     rejected = got.stats.drafted - got.stats.accepted
-    assert sum(rows) <= len(toks) + len(got.tokens) - 1 + rejected, (sum(rows), len(toks), len(got.tokens), rejected)
+    assert sum(rows) <= len(toks) + len(got.tokens) - 1 + rejected, (
+        sum(rows),
+        len(toks),
+        len(got.tokens),
+        rejected,
+    )
     assert sum(rows) >= len(toks) - 1 + len(got.tokens) - got.stats.target_passes
 
 
 def test_rejection_at_first_position(smol_target):
     toks = prompt_tokens(smol_target, "prose")
-    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=64, reuse_cache=False)
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=64, reuse_cache=False
+    )
     engine = Engine(smol_target, None, SpecConfig(mode="none"))
     engine.policy = FixedPolicy(WrongDrafter(token=smol_target.n_vocab - 1))
     got = engine.run(toks, max_tokens=64, reuse_cache=False)
@@ -172,14 +184,18 @@ def test_rejection_at_first_position(smol_target):
 
 def test_eos_inside_accepted_draft(smol_target, self_draft):
     toks = prompt_tokens(smol_target, "chat")
-    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=400, reuse_cache=False)
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=400, reuse_cache=False
+    )
     assert want.finish_reason == "eos"
     inside = []
     # Where the EOS falls in a pass depends on the answer's length modulo K + 1 (the self-draft
     # has every token accepted); as the first token of a pass it emits nothing and yields no
     # step. Several K make sure it lands strictly inside an accepted draft at least once.
     for k in (8, 7, 5):
-        engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=k, draft_p_min=0.0))
+        engine = Engine(
+            smol_target, self_draft, SpecConfig(mode="draft", draft_max=k, draft_p_min=0.0)
+        )
         steps, got = steps_of(engine, toks, max_tokens=400, reuse_cache=False)
         assert got.finish_reason == "eos"
         assert got.tokens == want.tokens
@@ -193,10 +209,14 @@ def test_eos_inside_accepted_draft(smol_target, self_draft):
 
 def test_stop_string_inside_draft(smol_target, self_draft):
     toks = prompt_tokens(smol_target, "list")
-    free = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, reuse_cache=False)
+    free = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=N, reuse_cache=False
+    )
     stop = "\n5."
     assert stop in free.text
-    alone = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
+    alone = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=N, stop=[stop], reuse_cache=False
+    )
     engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0))
     got = engine.run(toks, max_tokens=N, stop=[stop], reuse_cache=False)
     assert got.finish_reason == alone.finish_reason == "stop"
@@ -209,7 +229,9 @@ def test_stop_string_inside_draft(smol_target, self_draft):
 
 def test_max_tokens_mid_draft(smol_target, self_draft):
     toks = prompt_tokens(smol_target, "code")
-    want = Engine(smol_target, None, SpecConfig(mode="none")).run(toks, max_tokens=37, reuse_cache=False)
+    want = Engine(smol_target, None, SpecConfig(mode="none")).run(
+        toks, max_tokens=37, reuse_cache=False
+    )
     engine = Engine(smol_target, self_draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0))
     got = engine.run(toks, max_tokens=37, reuse_cache=False)
     assert len(got.tokens) == 37 and got.finish_reason == "length"
@@ -224,12 +246,20 @@ def test_context_end(model_path, pair_name):
 
     names = {"smollm2": (SMOL_TARGET, SMOL_DRAFT), "gemma3": (GEMMA_TARGET, GEMMA_DRAFT)}[pair_name]
     n_ctx = 96
-    with Model(model_path(names[0]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as target, \
-         Model(model_path(names[1]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS, amx_rows=True)) as draft:
+    with (
+        Model(model_path(names[0]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS)) as target,
+        Model(
+            model_path(names[1]), LoadOptions(n_ctx=n_ctx, n_threads=THREADS, amx_rows=True)
+        ) as draft,
+    ):
         n_ctx = target.n_ctx  # llama.cpp may round the context up
         toks = (target.tokenize(PROMPTS["list"], add_special=True) * 64)[: n_ctx - 24]
-        want = Engine(target, None, SpecConfig(mode="none")).run(toks, max_tokens=500, reuse_cache=False)
-        got = Engine(target, draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0)).run(toks, max_tokens=500, reuse_cache=False)
+        want = Engine(target, None, SpecConfig(mode="none")).run(
+            toks, max_tokens=500, reuse_cache=False
+        )
+        got = Engine(target, draft, SpecConfig(mode="draft", draft_max=8, draft_p_min=0.0)).run(
+            toks, max_tokens=500, reuse_cache=False
+        )
         assert got.finish_reason == want.finish_reason
         assert got.tokens == want.tokens
         if want.finish_reason == "length":

@@ -26,7 +26,9 @@ def alone(n=40, prompt=PROMPT, rule=None, **kw) -> Result:
 
 @pytest.mark.parametrize("mode", ["draft", "lookup", "hybrid", "auto"])
 @pytest.mark.parametrize("wrong", [None, 2, 3, 7])
-def test_output_is_the_target_alone_and_caches_stay_consistent(mode: str, wrong: int | None) -> None:
+def test_output_is_the_target_alone_and_caches_stay_consistent(
+    mode: str, wrong: int | None
+) -> None:
     rule = cycle_rule(TEXT)
     target = FakeModel(rule)
     draft = FakeModel(wrong_every(rule, wrong) if wrong else rule, seed=1)
@@ -136,7 +138,11 @@ def test_sampled_runs_repeat_with_their_seed() -> None:
 
     def once() -> list[int]:
         target, draft = FakeModel(rule, peak=2.0), FakeModel(wrong_every(rule, 4), peak=2.0, seed=1)
-        return run(Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0)), n=30, params=params).tokens
+        return run(
+            Engine(target, draft, SpecConfig(mode="draft", draft_max=4, draft_p_min=0.0)),
+            n=30,
+            params=params,
+        ).tokens
 
     a, b = once(), once()
     assert a == b and len(a) == 30
@@ -153,4 +159,6 @@ def test_two_engines_over_one_model_read_its_cache_not_a_stale_copy() -> None:
     run(b, prompt=[1, *text_tokens("sat")], n=5)
     again = run(a, n=30)
     assert again.tokens == first.tokens == alone(30).tokens
-    assert again.stats.prefill_tokens == len(PROMPT) - 1  # only the BOS both prompts start with was kept
+    assert (
+        again.stats.prefill_tokens == len(PROMPT) - 1
+    )  # only the BOS both prompts start with was kept

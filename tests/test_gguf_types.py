@@ -17,7 +17,10 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 def _ggml() -> ctypes.CDLL:
     lib_dir = pathlib.Path(llama_cpp.__file__).parent / "lib"
-    lib = next((p for p in sorted(lib_dir.glob("*ggml-base*")) if p.suffix in (".so", ".dylib", ".dll")), None)
+    lib = next(
+        (p for p in sorted(lib_dir.glob("*ggml-base*")) if p.suffix in (".so", ".dylib", ".dll")),
+        None,
+    )
     lib = lib or next(iter(sorted(lib_dir.glob("*ggml-base*"))))
     g = ctypes.CDLL(str(lib))
     g.ggml_type_name.restype, g.ggml_type_name.argtypes = ctypes.c_char_p, [ctypes.c_int]

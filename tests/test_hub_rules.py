@@ -32,8 +32,15 @@ def test_tag_must_be_followed_by_a_dot_or_a_dash() -> None:
 
 @pytest.mark.parametrize(
     "other",
-    ["mmproj-m-Q4_K_M.gguf", "m-Q4_K_M-imatrix.gguf", "mtp-m-Q4_K_M.gguf", "eagle3-m-Q4_K_M.gguf",
-     "dflash-m-Q4_K_M.gguf", "dspark-m-Q4_K_M.gguf", "sub/mtp-m-Q4_K_M.gguf"],
+    [
+        "mmproj-m-Q4_K_M.gguf",
+        "m-Q4_K_M-imatrix.gguf",
+        "mtp-m-Q4_K_M.gguf",
+        "eagle3-m-Q4_K_M.gguf",
+        "dflash-m-Q4_K_M.gguf",
+        "dspark-m-Q4_K_M.gguf",
+        "sub/mtp-m-Q4_K_M.gguf",
+    ],
 )
 def test_files_that_are_not_the_model_are_skipped(other: str) -> None:
     assert pick_gguf([other, "m-Q4_K_M.gguf"], None) == "m-Q4_K_M.gguf"
@@ -42,7 +49,10 @@ def test_files_that_are_not_the_model_are_skipped(other: str) -> None:
 
 
 def test_ollama_hf_co_references() -> None:
-    assert parse_hub_spec("bartowski/Qwen2.5-0.5B-Instruct-GGUF") == ("bartowski/Qwen2.5-0.5B-Instruct-GGUF", None)
+    assert parse_hub_spec("bartowski/Qwen2.5-0.5B-Instruct-GGUF") == (
+        "bartowski/Qwen2.5-0.5B-Instruct-GGUF",
+        None,
+    )
     assert parse_hub_spec("user/repo:q4_k_m") == ("user/repo", "Q4_K_M")
     assert parse_hub_spec("hf.co/user/repo:IQ3_M") == ("user/repo", "IQ3_M")
     assert parse_hub_spec("huggingface.co/user/repo") == ("user/repo", None)
@@ -51,8 +61,16 @@ def test_ollama_hf_co_references() -> None:
         assert parse_hub_spec(bad) is None, bad
 
 
-def test_llama_cache_first_then_the_hub_s_own_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+def test_llama_cache_first_then_the_hub_s_own_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for var in (
+        "LLAMA_CACHE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_HOME",
+        "XDG_CACHE_HOME",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert hf_cache_dir() == tmp_path / ".cache" / "huggingface" / "hub"
@@ -66,7 +84,9 @@ def test_llama_cache_first_then_the_hub_s_own_variables(monkeypatch: pytest.Monk
     assert hf_cache_dir() == tmp_path / "llama"
 
 
-def test_specrun_home_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_specrun_home_follows_xdg_cache_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("SPECRUN_HOME", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -83,14 +103,26 @@ def test_models_list_shows_the_xdg_home(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECRUN_", "XDG_", "HF_", "LLAMA_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPECRUN_", "XDG_", "HF_", "LLAMA_"))
+    }
     env |= {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "LLAMA_CACHE": str(tmp_path / "llama")}
     specrun = str(Path(sys.executable).with_name("specrun"))
-    p = subprocess.run([specrun, "models", "list", "--json"], capture_output=True, text=True, env=env,
-                       stdin=subprocess.DEVNULL, timeout=60)
+    p = subprocess.run(
+        [specrun, "models", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     rows = {r["name"]: r for r in json.loads(p.stdout) if r["kind"] == "model"}
-    assert rows["smollm2-135m-instruct-q4_1"]["path"] == str(tmp_path / "xdg" / "specrun" / "models" / "smollm2-135m-instruct-q4_1.gguf")
+    assert rows["smollm2-135m-instruct-q4_1"]["path"] == str(
+        tmp_path / "xdg" / "specrun" / "models" / "smollm2-135m-instruct-q4_1.gguf"
+    )
     assert not rows["smollm2-135m-instruct-q4_1"]["present"]
 
 
@@ -107,17 +139,27 @@ def test_models_rm_uses_the_hub_s_delete_strategy(
     from specrun.cli.main import main
     from specrun.models.registry import Registry
 
-    for var in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "SPECRUN_MODELS"):
+    for var in (
+        "HF_HUB_OFFLINE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_HOME",
+        "SPECRUN_MODELS",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama"))
     monkeypatch.setenv("SPECRUN_HOME", str(tmp_path / "home"))
     user = tmp_path / "models.toml"
-    user.write_text('[models.a]\nhf = "user/twin"\nfile = "a-Q8_0.gguf"\n\n'
-                    '[models.b]\nhf = "hf.co/user/twin"\nfile = "b-Q8_0.gguf"\n')
+    user.write_text(
+        '[models.a]\nhf = "user/twin"\nfile = "a-Q8_0.gguf"\n\n'
+        '[models.b]\nhf = "hf.co/user/twin"\nfile = "b-Q8_0.gguf"\n'
+    )
     monkeypatch.setenv("SPECRUN_MODELS", str(user))
     data = b"GGUF" + b"x" * 4096
     with HubServer() as hub:
-        hub.add_repo("user/twin", {"a-Q8_0.gguf": data, "b-Q8_0.gguf": data, "c-Q4_0.gguf": b"GGUF c"})
+        hub.add_repo(
+            "user/twin", {"a-Q8_0.gguf": data, "b-Q8_0.gguf": data, "c-Q4_0.gguf": b"GGUF c"}
+        )
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         for name in ("a", "b", "user/twin:Q4_0"):
             assert main(["models", "pull", name]) == 0
@@ -162,7 +204,9 @@ def test_the_huggingface_hub_floor_has_what_the_code_calls() -> None:
     assert installed >= floor[:2]
     assert hasattr(HFCacheInfo, "delete_files")
     params = inspect.signature(file_download.http_get).parameters
-    assert {"resume_size", "headers", "expected_size", "displayed_filename", "tqdm_class"} <= set(params)
+    assert {"resume_size", "headers", "expected_size", "displayed_filename", "tqdm_class"} <= set(
+        params
+    )
     assert "xet_file_data" in inspect.signature(file_download.HfFileMetadata).parameters
 
 
@@ -172,8 +216,15 @@ def test_readme_tables_name_every_flag() -> None:
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     tables = "\n".join(line for line in readme.splitlines() if line.startswith("|"))
-    flags = [d.split("/")[0] for _n, _t, o, _d in MODEL_OPTIONS + SAMPLING_OPTIONS for d in o.param_decls]
-    flags += [a for names in ALIASES.values() for a in names if a not in ("--gpu-layers", "--gpu-layers-draft")]
+    flags = [
+        d.split("/")[0] for _n, _t, o, _d in MODEL_OPTIONS + SAMPLING_OPTIONS for d in o.param_decls
+    ]
+    flags += [
+        a
+        for names in ALIASES.values()
+        for a in names
+        if a not in ("--gpu-layers", "--gpu-layers-draft")
+    ]
     missing = [f for f in flags if f not in tables]
     assert not missing, missing
     for word in ("llama.cpp", "Ollama", "hf.co/USER/REPO", "--spec-type", "num_ctx", "num_predict"):

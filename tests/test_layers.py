@@ -22,7 +22,16 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
 
 APPLICATION = {"session", "chat", "probe", "bench", "chat_template", "machine"}
 BASE = {"errors", "paths", "defaults", "__init__"}
-RANK = {"base": 0, "llama": 1, "spec": 2, "models": 2, "application": 3, "server": 4, "cli": 5, "entry": 6}
+RANK = {
+    "base": 0,
+    "llama": 1,
+    "spec": 2,
+    "models": 2,
+    "application": 3,
+    "server": 4,
+    "cli": 5,
+    "entry": 6,
+}
 
 
 def module_name(path: Path) -> str:
@@ -43,7 +52,9 @@ def floor(mod: str) -> str:
         return "application"
     if parts[1] in RANK:
         return parts[1]
-    raise AssertionError(f"{mod}: a module outside every floor; add it to one in tests/test_layers.py")
+    raise AssertionError(
+        f"{mod}: a module outside every floor; add it to one in tests/test_layers.py"
+    )
 
 
 def imports_of(path: Path, mod: str) -> list[tuple[int, str]]:
@@ -58,7 +69,9 @@ def imports_of(path: Path, mod: str) -> list[tuple[int, str]]:
             if node.level:
                 anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            for a in node.names:  # `from specrun.spec import engine` imports the module specrun.spec.engine
+            for a in (
+                node.names
+            ):  # `from specrun.spec import engine` imports the module specrun.spec.engine
                 full = f"{base}.{a.name}"
                 out.append((node.lineno, full if _is_module(full) else base))
     return out
@@ -90,7 +103,10 @@ def test_imports_point_downward() -> None:
                 continue
             there = floor(target)
             if there == here:
-                same_folder = mod.split(".")[:2] == target.split(".")[:2] or here in ("base", "application")
+                same_folder = mod.split(".")[:2] == target.split(".")[:2] or here in (
+                    "base",
+                    "application",
+                )
                 if not same_folder:
                     bad.append(f"{mod}:{line} imports {target} ({here} -> {there}, a neighbour)")
             elif RANK[there] >= RANK[here]:
@@ -99,8 +115,12 @@ def test_imports_point_downward() -> None:
 
 
 def test_only_llama_imports_llama_cpp() -> None:
-    bad = [f"{mod}:{line}" for mod, imports in GRAPH.items() for line, t in imports
-           if t.split(".")[0] == "llama_cpp" and floor(mod) != "llama"]
+    bad = [
+        f"{mod}:{line}"
+        for mod, imports in GRAPH.items()
+        for line, t in imports
+        if t.split(".")[0] == "llama_cpp" and floor(mod) != "llama"
+    ]
     assert not bad, f"llama_cpp imported outside llama/: {bad}"
 
 
@@ -114,7 +134,7 @@ def test_no_import_cycles() -> None:
         stack.append(m)
         for n in sorted(edges[m]):
             if state.get(n) == 1:
-                cycle = stack[stack.index(n):] + [n]
+                cycle = stack[stack.index(n) :] + [n]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if n not in state:
                 visit(n)
@@ -137,12 +157,24 @@ def test_below_the_front_ends_nothing_prints_or_uses_rich() -> None:
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree) if floor(mod) in ("application", "spec") else ():
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("print", "input"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("print", "input")
+            ):
                 bad.append(f"{mod}:{node.lineno} calls {node.func.id}()")
-            if isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr") and \
-                    isinstance(node.value, ast.Name) and node.value.id == "sys":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("stdout", "stderr")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"
+            ):
                 bad.append(f"{mod}:{node.lineno} uses sys.{node.attr}")
-        bad += [f"{mod}:{line} imports {t}" for line, t in GRAPH[mod] if t.split(".")[0] in ("rich", "typer")]
+        bad += [
+            f"{mod}:{line} imports {t}"
+            for line, t in GRAPH[mod]
+            if t.split(".")[0] in ("rich", "typer")
+        ]
     assert not bad, "\n".join(bad)
 
 

@@ -44,7 +44,7 @@ def test_incremental_equals_rebuilt():
     seq = rng.integers(0, 6, size=300).tolist()
     inc = NgramIndex(1, 4)
     for i in range(0, len(seq), 7):
-        inc.extend(seq[i:i + 7])
+        inc.extend(seq[i : i + 7])
         full = NgramIndex(1, 4)
         full.extend(seq[: i + 7])
         assert inc.match() == full.match()
@@ -103,7 +103,9 @@ def test_ngram_cache_rejects_a_corrupt_file(tmp_path):
 # -- cost model ------------------------------------------------------------------------------------
 def test_expected_tokens_geometric_closed_form():
     a, k = 0.7, 5
-    assert costmodel.expected_tokens(costmodel.geometric(a, k), k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+    assert costmodel.expected_tokens(costmodel.geometric(a, k), k) == pytest.approx(
+        (1 - a ** (k + 1)) / (1 - a)
+    )
 
 
 def test_best_k_zero_when_nothing_pays():
@@ -236,7 +238,9 @@ def drive_two(policy, steps, rates, draft_step_s, t1, slope, rng):
         if name == "lookup":
             produced = [2] * n_acc + [3]
         else:
-            produced = [2 if rng.random() < rates.get("lookup", 0.0) else 3 for _ in range(n_acc + 1)]
+            produced = [
+                2 if rng.random() < rates.get("lookup", 0.0) else 3 for _ in range(n_acc + 1)
+            ]
         policy.observe(StepReport(name, k, n_acc, draft_s, t1 * (1 + slope * k), produced))
         names.append(name)
     return names
@@ -288,7 +292,9 @@ def test_deep_positions_borrow_from_the_pool():
         acc.update(k, k)
     est = acc.estimate()
     assert est[4] > 0.6 and est[7] > 0.45
-    assert all(a >= b for a, b in zip(est, est[1:], strict=False))  # cumulative: never rises with depth
+    assert all(
+        a >= b for a, b in zip(est, est[1:], strict=False)
+    )  # cumulative: never rises with depth
     v = costmodel.linear_verify_cost(0.15)
     assert costmodel.best_k(est, 0.2, v, 8)[0] >= 4
 
@@ -313,7 +319,9 @@ def test_a_draft_that_stopped_is_priced_per_decode():
     policy.costs.observe_verify(1, 0.02)
     policy._key, policy._asked = "draft", 4  # as after draft() asked the model for 4
     model.last_catch_up = (1, 0.005)
-    policy.observe(StepReport("draft", 1, 1, 2 * 0.005, 0.025))  # asked for more, proposed 1: 2 decodes
+    policy.observe(
+        StepReport("draft", 1, 1, 2 * 0.005, 0.025)
+    )  # asked for more, proposed 1: 2 decodes
     assert policy.costs.draft_step == pytest.approx(0.005)
 
 
@@ -330,12 +338,23 @@ def test_declined_lookup_is_scored_against_what_the_target_said():
     name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
     assert name == "none" and len(prop) == 0
     before = policy._acc(key).estimate()[0]
-    policy.observe(StepReport(name, 0, 0, 0.0, 0.016, [2]))  # the target said exactly what lookup offered (FakeLookup: 2s)
+    policy.observe(
+        StepReport(name, 0, 0, 0.0, 0.016, [2])
+    )  # the target said exactly what lookup offered (FakeLookup: 2s)
     assert policy._acc(key).estimate()[0] > before
     chosen = []
     for _ in range(20):
         name, prop = policy.draft([0] * 10, 8, SamplingParams(), rng, True)
-        policy.observe(StepReport(name, len(prop), len(prop), 0.0, 0.016 * (1 + 0.15 * len(prop)), [2] * (len(prop) + 1)))
+        policy.observe(
+            StepReport(
+                name,
+                len(prop),
+                len(prop),
+                0.0,
+                0.016 * (1 + 0.15 * len(prop)),
+                [2] * (len(prop) + 1),
+            )
+        )
         chosen.append(name)
     assert chosen[-10:] == ["lookup"] * 10
     # ... and a miss lowers it the same way.
@@ -446,15 +465,21 @@ def test_cost_model_prices_a_draft_that_stops_where_unsure():
     want = (1 + q * cum[0]) / ((1 - q) * (c + v(1)) + q * (c + c * cum[0] + v(2)))
     assert costmodel.attempt_speedup(cum, 1, c, v, go=q) == pytest.approx(want)
     assert costmodel.attempt_speedup(cum, 3, c, v, go=1.0) == pytest.approx(
-        costmodel.expected_tokens(cum, 3) / (3 * c + c * cum[2] + v(4)))
+        costmodel.expected_tokens(cum, 3) / (3 * c + c * cum[2] + v(4))
+    )
     # Lengths 0..2 of an attempt of K = 2, enumerated.
     p = [1 - q, q * (1 - q), q * q]
     tok = [1, 1 + cum[0], 1 + cum[0] + cum[1]]
     cost = [c + v(1), 2 * c + v(2), 2 * c + c * cum[1] + v(3)]
-    want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(a * b for a, b in zip(p, cost, strict=True))
+    want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(
+        a * b for a, b in zip(p, cost, strict=True)
+    )
     assert costmodel.attempt_speedup(cum, 2, c, v, go=q) == pytest.approx(want2)
     sure = [1.0] * 4
-    assert costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1] < PRIORS.margin
+    assert (
+        costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1]
+        < PRIORS.margin
+    )
     assert costmodel.best_k(cum, 0.3, costmodel.linear_verify_cost(0.16), 4, go=0.9)[0] >= 3
 
 
@@ -555,8 +580,13 @@ def test_the_draft_goes_on_in_stretches():
     assert same < PRIORS.margin
     assert costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3, go_on=0.95) > 1.15
     # go = go_on = 1: the closed form
-    assert abs(costmodel.attempt_speedup(acc, 4, 0.25, v, go=1.0, go_on=1.0)
-               - costmodel.attempt_speedup(acc, 4, 0.25, v)) < 1e-12
+    assert (
+        abs(
+            costmodel.attempt_speedup(acc, 4, 0.25, v, go=1.0, go_on=1.0)
+            - costmodel.attempt_speedup(acc, 4, 0.25, v)
+        )
+        < 1e-12
+    )
 
 
 def test_go_on_is_learnt_from_sure_steps_and_the_drafts_runs():

@@ -33,11 +33,20 @@ def test_estimate_matches_llama_cpp_buffers(model_path, name, n_ctx, type_k, typ
         pytest.skip("one context suffices for the draft placement")
     path = model_path(name)
     shape = ModelShape.from_gguf(validate_gguf(path), target=role == "target")
-    p = Placement(n_ctx=n_ctx, n_ubatch=256, type_k=type_k, type_v=type_v, flash_attn=flash, n_outputs=65)
+    p = Placement(
+        n_ctx=n_ctx, n_ubatch=256, type_k=type_k, type_v=type_v, flash_attn=flash, n_outputs=65
+    )
     est = estimate(shape, p)
-    opts = LoadOptions(n_ctx=n_ctx, n_threads=THREADS, n_batch=256, flash_attn=flash,
-                       type_k=memory.CACHE_TYPES[type_k][0], type_v=memory.CACHE_TYPES[type_v][0],
-                       n_outputs_max=65, exact_rows=role == "target")
+    opts = LoadOptions(
+        n_ctx=n_ctx,
+        n_threads=THREADS,
+        n_batch=256,
+        flash_attn=flash,
+        type_k=memory.CACHE_TYPES[type_k][0],
+        type_v=memory.CACHE_TYPES[type_v][0],
+        n_outputs_max=65,
+        exact_rows=role == "target",
+    )
     with Model(path, opts) as m:
         got = m.context_params()
     buf = got["buffers_mib"]
@@ -53,9 +62,17 @@ def test_estimate_matches_llama_cpp_buffers(model_path, name, n_ctx, type_k, typ
 
 
 def _shape(n_layer=30, weights=500 * MIB) -> ModelShape:
-    return ModelShape(arch="llama", n_layer=n_layer, n_ctx_train=8192, n_embd=576, n_head=9,
-                      n_vocab=49152, kv_width=(3 * 128,) * n_layer, weight_bytes=weights,
-                      file_bytes=weights + MIB)
+    return ModelShape(
+        arch="llama",
+        n_layer=n_layer,
+        n_ctx_train=8192,
+        n_embd=576,
+        n_head=9,
+        n_vocab=49152,
+        kv_width=(3 * 128,) * n_layer,
+        weight_bytes=weights,
+        file_bytes=weights + MIB,
+    )
 
 
 BIG_HOST = HostMemory(total=64 << 30, available=60 << 30, swap_free=0)
@@ -76,20 +93,29 @@ def test_explicit_ngl_that_does_not_fit_is_refused_with_what_fits():
 
 def test_all_layers_takes_what_fits_and_says_so():
     s = _shape()
-    planned, notes = plan_memory([("big", s, Placement(n_ctx=4096), -1, "--ngl")], BIG_HOST, gpu_free=200 * MIB)
+    planned, notes = plan_memory(
+        [("big", s, Placement(n_ctx=4096), -1, "--ngl")], BIG_HOST, gpu_free=200 * MIB
+    )
     n = planned[0].placement.n_gpu_layers
     assert 0 < n < 31
     assert any(f"{n} of 31 layers of big fit in GPU memory" in x for x in notes)
     # Plenty of GPU memory: everything goes, silently.
-    planned, notes = plan_memory([("big", s, Placement(n_ctx=4096), -1, "--ngl")], BIG_HOST, gpu_free=8 << 30)
+    planned, notes = plan_memory(
+        [("big", s, Placement(n_ctx=4096), -1, "--ngl")], BIG_HOST, gpu_free=8 << 30
+    )
     assert planned[0].placement.n_gpu_layers == 31 and not notes
 
 
 def test_target_gets_the_gpu_first_and_the_draft_what_is_left():
     t, d = _shape(weights=600 * MIB), _shape(weights=150 * MIB)
     planned, _ = plan_memory(
-        [("t", t, Placement(n_ctx=2048), -1, "--ngl"), ("d", d, Placement(n_ctx=2048), -1, "--ngl-draft")],
-        BIG_HOST, gpu_free=850 * MIB)
+        [
+            ("t", t, Placement(n_ctx=2048), -1, "--ngl"),
+            ("d", d, Placement(n_ctx=2048), -1, "--ngl-draft"),
+        ],
+        BIG_HOST,
+        gpu_free=850 * MIB,
+    )
     assert planned[0].placement.n_gpu_layers == 31
     assert 0 < planned[1].placement.n_gpu_layers < 31
     assert sum(p.estimate.device for p in planned) <= 850 * MIB
@@ -97,7 +123,9 @@ def test_target_gets_the_gpu_first_and_the_draft_what_is_left():
 
 def test_cpu_only_build_ignores_ngl_with_a_warning():
     s = _shape()
-    planned, notes = plan_memory([("m", s, Placement(n_ctx=2048), 99, "--ngl")], BIG_HOST, gpu_free=None)
+    planned, notes = plan_memory(
+        [("m", s, Placement(n_ctx=2048), 99, "--ngl")], BIG_HOST, gpu_free=None
+    )
     assert planned[0].placement.n_gpu_layers == 0 and planned[0].estimate.device == 0
     # 99 is more layers than the model has: said as llama.cpp's `all`, what it means
     assert any("no GPU here to offload to" in x and "--ngl all" in x for x in notes)
@@ -108,9 +136,15 @@ def test_cpu_only_build_ignores_ngl_with_a_warning():
 
 def test_a_target_on_rpc_workers_and_its_draft_here_draw_on_their_own_memory():
     s = _shape()
-    items = [("t", s, Placement(n_ctx=2048), -1, "--ngl"), ("d", s, Placement(n_ctx=2048), -1, "--ngl-draft")]
+    items = [
+        ("t", s, Placement(n_ctx=2048), -1, "--ngl"),
+        ("d", s, Placement(n_ctx=2048), -1, "--ngl-draft"),
+    ]
     planned, notes = plan_memory(items, BIG_HOST, gpu_free=[64 * 1024 * MIB, None])
-    assert planned[0].placement.n_gpu_layers == s.n_layer + 1 and planned[1].placement.n_gpu_layers == 0
+    assert (
+        planned[0].placement.n_gpu_layers == s.n_layer + 1
+        and planned[1].placement.n_gpu_layers == 0
+    )
     assert notes == []
 
 
@@ -127,7 +161,9 @@ def test_host_memory_refusal_names_the_kv_cache_and_ctx():
     _, notes = plan_memory([("m", s, Placement(n_ctx=4096), -1, "--ngl")], tight, gpu_free=None)
     assert any("swap" in x for x in notes)
     # --no-mem-check: no refusal.
-    plan_memory([("m", s, Placement(n_ctx=200_000), -1, "--ngl")], small, gpu_free=None, check=False)
+    plan_memory(
+        [("m", s, Placement(n_ctx=200_000), -1, "--ngl")], small, gpu_free=None, check=False
+    )
 
 
 def test_quantized_cache_shrinks_the_kv_estimate():
@@ -141,9 +177,23 @@ def test_quantized_cache_shrinks_the_kv_estimate():
 @pytest.mark.models  # reads the pair's files (pulled by make install)
 def test_cli_refuses_a_context_that_cannot_fit_before_loading(tmp_path):
     r = subprocess.run(
-        [SPECRUN, "generate", "--prompt", "hi", "-n", "1", "--ctx", "200000000", "--mode", "none",
-         "-t", str(THREADS)],
-        capture_output=True, text=True, timeout=120,
+        [
+            SPECRUN,
+            "generate",
+            "--prompt",
+            "hi",
+            "-n",
+            "1",
+            "--ctx",
+            "200000000",
+            "--mode",
+            "none",
+            "-t",
+            str(THREADS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 1, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]

@@ -110,14 +110,22 @@ def test_edit_any_toml_value_the_user_wrote() -> None:
     new = edit_registry_text(
         text,
         [
-            ("models", "qwen2.5-coder", {"package": ["part1==2.0", "part2==2.0"], "sha256": "ab" * 32}),
+            (
+                "models",
+                "qwen2.5-coder",
+                {"package": ["part1==2.0", "part2==2.0"], "sha256": "ab" * 32},
+            ),
             ("pairs", "quick", {"draft_max": 5}),
         ],
     )
     data = tomllib.loads(new)
     assert data["models"]["qwen2"]["5-coder"]["package"] == ["part1==2.0", "part2==2.0"]
     assert data["models"]["qwen2"]["5-coder"]["sha256"] == "ab" * 32
-    assert data["pairs"]["quick"] == {"target": "qwen2.5-coder", "draft": "qwen2.5-coder", "draft_max": 5}
+    assert data["pairs"]["quick"] == {
+        "target": "qwen2.5-coder",
+        "draft": "qwen2.5-coder",
+        "draft_max": 5,
+    }
     lines = new.splitlines()
     assert lines[0] == "[models.qwen2.5-coder]   # dotted: models -> qwen2 -> 5-coder to TOML"
     assert lines.index("# my pairs, written inline") > lines.index(f'sha256 = "{"ab" * 32}"')

@@ -51,10 +51,12 @@ PASSAGE = (
 # Plain completions, not chat turns: the Gemma 3 270M target is a base model with no chat
 # template, and the same text then drives both pairs.
 PROMPTS = {
-    "code-edit": "# The same function with `subtotal` renamed to `net`.\n\n# Before:\n" + SNIPPET + "\n# After:\n",
-    "quote": PASSAGE + "\n\nThe first sentence of the text above, quoted exactly:\n\"",
+    "code-edit": "# The same function with `subtotal` renamed to `net`.\n\n# Before:\n"
+    + SNIPPET
+    + "\n# After:\n",
+    "quote": PASSAGE + '\n\nThe first sentence of the text above, quoted exactly:\n"',
     "list": "Step 1: check the valve and record the pressure.\n"
-            "Step 2: check the valve and record the pressure.\nStep 3:",
+    "Step 2: check the valve and record the pressure.\nStep 3:",
     # Lookup proposes here (1-grams match) but the target seldom agrees: ~1 in 36 accepted.
     "story": "Once upon a time, in a village by the sea, there lived an old lighthouse keeper named",
 }
@@ -64,8 +66,11 @@ ALL = (*GROUNDED, "story")
 
 @pytest.fixture(scope="module")
 def prompts(pairs):
-    return {(name, key): target.tokenize(text, add_special=True)
-            for name, (target, _) in pairs.items() for key, text in PROMPTS.items()}
+    return {
+        (name, key): target.tokenize(text, add_special=True)
+        for name, (target, _) in pairs.items()
+        for key, text in PROMPTS.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -116,25 +121,40 @@ CONFIGS = [  # id, mode, lookup_min, lookup_max, draft_max, with the pair's draf
     ("draft-K3", "draft", 1, 4, 3, True, ("code-edit",), SMOL),  # test_engine_exact.py has more
 ]
 # The Gemma pair costs twice as much per token: it runs the lighter half of the matrix.
-CASES = [pytest.param(pair, *cfg[1:-1], id=f"{cfg[0]}-{pair}") for cfg in CONFIGS for pair in cfg[-1]]
+CASES = [
+    pytest.param(pair, *cfg[1:-1], id=f"{cfg[0]}-{pair}") for cfg in CONFIGS for pair in cfg[-1]
+]
 
 
-@pytest.mark.parametrize("pair_name, mode, lookup_min, lookup_max, draft_max, with_draft, keys", CASES)
-def test_mode_equals_target_alone(pairs, prompts, baselines, pair_name, mode, lookup_min, lookup_max,
-                                  draft_max, with_draft, keys):
+@pytest.mark.parametrize(
+    "pair_name, mode, lookup_min, lookup_max, draft_max, with_draft, keys", CASES
+)
+def test_mode_equals_target_alone(
+    pairs, prompts, baselines, pair_name, mode, lookup_min, lookup_max, draft_max, with_draft, keys
+):
     target, draft = pairs[pair_name]
-    cfg = SpecConfig(mode=mode, draft_max=draft_max, lookup_min=lookup_min, lookup_max=lookup_max, draft_p_min=0.0)
+    cfg = SpecConfig(
+        mode=mode,
+        draft_max=draft_max,
+        lookup_min=lookup_min,
+        lookup_max=lookup_max,
+        draft_p_min=0.0,
+    )
     engine = Engine(target, draft if with_draft else None, cfg)
     use = LookupUse()
     drafted = 0
     for key in keys:
-        steps, got = steps_of(engine, prompts[pair_name, key], max_tokens=N, params=GREEDY, reuse_cache=False)
+        steps, got = steps_of(
+            engine, prompts[pair_name, key], max_tokens=N, params=GREEDY, reuse_cache=False
+        )
         want = baselines[pair_name, key]
         assert_same_as_target(got, want, f"{pair_name}/{key} {cfg}")
         drafted += got.stats.drafted
         use.add(steps)
-        print(f"[{pair_name} {mode} {lookup_min}:{lookup_max} K={draft_max} {key}] passes "
-              f"{got.stats.target_passes} draft steps {got.stats.draft_steps} modes {dict(got.stats.modes_used)}")
+        print(
+            f"[{pair_name} {mode} {lookup_min}:{lookup_max} K={draft_max} {key}] passes "
+            f"{got.stats.target_passes} draft steps {got.stats.draft_steps} modes {dict(got.stats.modes_used)}"
+        )
     print(f"[{pair_name} {mode} {lookup_min}:{lookup_max} K={draft_max}] {use}")
     assert drafted > 0
     if mode == "draft":
@@ -235,7 +255,9 @@ class MemoTarget:
         key = (tuple(self.held), tuple(tokens), logits_from)
         if key not in self.memo:
             if logits_from is not None and pos0 + logits_from + 1 >= self.horizon:
-                self.memo[key] = np.zeros((len(tokens) - logits_from, self.model.n_vocab), np.float32)
+                self.memo[key] = np.zeros(
+                    (len(tokens) - logits_from, self.model.n_vocab), np.float32
+                )
             else:
                 self.memo[key] = self._real_decode(tokens, pos0, logits_from)
         self.rows, self.row0 = self.memo[key], logits_from or 0
@@ -290,24 +312,32 @@ def lookup_setup(smol_target):
     return prompt, proposal, p1, p2
 
 
-def sample_runs(engine: Engine, prompt: list[int], seeds: range) -> tuple[list[tuple[int, int]], list]:
+def sample_runs(
+    engine: Engine, prompt: list[int], seeds: range
+) -> tuple[list[tuple[int, int]], list]:
     """(t1, t2) of one 3-token completion per seed, and the first target pass of each."""
     engine.reset()
     pairs, first = [], []
     for seed in seeds:
-        steps, r = steps_of(engine, prompt, max_tokens=3, params=replace(SAMPLED, seed=seed), reuse_cache=True)
+        steps, r = steps_of(
+            engine, prompt, max_tokens=3, params=replace(SAMPLED, seed=seed), reuse_cache=True
+        )
         assert len(r.tokens) >= 2, r.tokens  # no end-of-generation token is in reach
         pairs.append((r.tokens[0], r.tokens[1]))
         first.append(steps[0])
     return pairs, first
 
 
-def joint_gof(pairs: list[tuple[int, int]], p1: S.Dist, p2: dict[int, S.Dist]) -> tuple[float, int, float]:
+def joint_gof(
+    pairs: list[tuple[int, int]], p1: S.Dist, p2: dict[int, S.Dist]
+) -> tuple[float, int, float]:
     """Chi-square of the observed (t1, t2) pairs against p(t1) p(t2 | t1); a pair the target cannot
     produce fails outright."""
-    cells = {(int(a), int(b)): float(pa * pb)
-             for a, pa in zip(p1.ids, p1.probs, strict=True)
-             for b, pb in zip(p2[int(a)].ids, p2[int(a)].probs, strict=True)}
+    cells = {
+        (int(a), int(b)): float(pa * pb)
+        for a, pa in zip(p1.ids, p1.probs, strict=True)
+        for b, pb in zip(p2[int(a)].ids, p2[int(a)].probs, strict=True)
+    }
     seen = Counter(pairs)
     impossible = set(seen) - set(cells)
     assert not impossible, f"pairs outside the target's support: {impossible}"
@@ -336,8 +366,10 @@ def test_lookup_prompt_is_uncertain(lookup_setup, smol_target):
     x1, x2 = proposal
     assert 0.3 < p1.prob(x1) < 0.8, p1.prob(x1)
     assert 0.05 < p2[x1].prob(x2) < 0.95, p2[x1].prob(x2)
-    print(f"[lookup prompt] p(door)={p1.prob(x1):.3f} p(and|door)={p2[x1].prob(x2):.3f} "
-          f"support {p1.ids.size}")
+    print(
+        f"[lookup prompt] p(door)={p1.prob(x1):.3f} p(and|door)={p2[x1].prob(x2):.3f} "
+        f"support {p1.ids.size}"
+    )
 
 
 def test_memo_target_is_the_target(smol_target, memo_target, lookup_setup):
@@ -361,8 +393,10 @@ def test_sampled_lookup_has_the_target_distribution(memo_target, lookup_setup, m
     assert all(s.drafter == "lookup" and s.k == 2 for s in first)
     acc1 = sum(s.accepted >= 1 for s in first)
     acc2 = sum(s.accepted == 2 for s in first)
-    for what, k, n, p in (("position 1", acc1, N_SAMPLES, p1.prob(x1)),
-                          ("position 2", acc2, acc1, p2[x1].prob(x2))):
+    for what, k, n, p in (
+        ("position 1", acc1, N_SAMPLES, p1.prob(x1)),
+        ("position 2", acc2, acc1, p2[x1].prob(x2)),
+    ):
         sd = math.sqrt(n * p * (1 - p))
         print(f"[sampled lookup] {what}: accepted {k}/{n}, expected {n * p:.1f} +- {sd:.1f}")
         assert abs(k - n * p) < 4 * sd, what
@@ -392,12 +426,24 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
     steps: list[dict] = []
     from specrun.chat_template import encode_chat
 
-    code = encode_chat(smol_target, [{
-        "role": "user", "content": "Write a Python function `merge_sorted(a, b)` that merges two "
-                                   "sorted lists into one sorted list, with a docstring."}])
-    for toks in (smol_target.tokenize(PROMPTS["code-edit"], add_special=True),
-                 smol_target.tokenize(PROMPTS["story"], add_special=True), code):
-        engine = Engine(smol_target, smol_draft, SpecConfig(mode="auto", draft_max=4, draft_p_min=0.6))
+    code = encode_chat(
+        smol_target,
+        [
+            {
+                "role": "user",
+                "content": "Write a Python function `merge_sorted(a, b)` that merges two "
+                "sorted lists into one sorted list, with a docstring.",
+            }
+        ],
+    )
+    for toks in (
+        smol_target.tokenize(PROMPTS["code-edit"], add_special=True),
+        smol_target.tokenize(PROMPTS["story"], add_special=True),
+        code,
+    ):
+        engine = Engine(
+            smol_target, smol_draft, SpecConfig(mode="auto", draft_max=4, draft_p_min=0.6)
+        )
         pol = engine.policy
         orig_draft, orig_obs = pol.draft, pol.observe
 

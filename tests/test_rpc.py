@@ -43,14 +43,17 @@ from specrun.spec import sampling as S
 from specrun.spec.engine import Engine, SpecConfig
 from specrun.spec.sampling import SamplingParams
 
-pytestmark = [pytest.mark.models, pytest.mark.skipif(not rpc.supports_rpc(), reason="built without GGML_RPC")]
+pytestmark = [
+    pytest.mark.models,
+    pytest.mark.skipif(not rpc.supports_rpc(), reason="built without GGML_RPC"),
+]
 
 GREEDY = SamplingParams(temp=0.0)
 N = 32
 PROMPTS = {
     "quote": "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
-             "individual reefs. It was selected as a World Heritage Site in 1981.\n\n"
-             "The first sentence of the text above, quoted exactly:\n\"",
+    "individual reefs. It was selected as a World Heritage Site in 1981.\n\n"
+    'The first sentence of the text above, quoted exactly:\n"',
     "story": "Once upon a time, in a village by the sea, there lived an old lighthouse keeper named",
 }
 
@@ -67,10 +70,23 @@ class Worker:
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, wait: bool = True):
         self.port = port or free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="specrun-worker-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(
+            prefix="specrun-worker-", suffix=".log", delete=False
+        )
         self.proc = subprocess.Popen(
-            [SPECRUN, "worker", "--host", host, "--port", str(self.port), "--threads", str(THREADS)],
-            stdout=subprocess.DEVNULL, stderr=self.log, stdin=subprocess.DEVNULL,
+            [
+                SPECRUN,
+                "worker",
+                "--host",
+                host,
+                "--port",
+                str(self.port),
+                "--threads",
+                str(THREADS),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+            stdin=subprocess.DEVNULL,
         )
         if wait:
             self.wait_ready()
@@ -81,7 +97,9 @@ class Worker:
     def wait_ready(self, timeout: float = 120) -> None:
         end = time.monotonic() + timeout
         while "serving" not in self.stderr():
-            assert self.proc.poll() is None, f"worker exited {self.proc.returncode}: {self.stderr()}"
+            assert self.proc.poll() is None, (
+                f"worker exited {self.proc.returncode}: {self.stderr()}"
+            )
             assert time.monotonic() < end, f"worker not up after {timeout} s: {self.stderr()}"
             time.sleep(0.2)
         while True:  # listening once llama.cpp's server bound the port
@@ -89,7 +107,9 @@ class Worker:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     return
             except OSError:
-                assert time.monotonic() < end, f"worker not listening after {timeout} s: {self.stderr()}"
+                assert time.monotonic() < end, (
+                    f"worker not listening after {timeout} s: {self.stderr()}"
+                )
                 time.sleep(0.2)
 
     def stop(self) -> None:
@@ -134,11 +154,19 @@ def draft(model_path):
 @pytest.fixture(scope="module")
 def baselines(local_target):
     alone = Engine(local_target, None, SpecConfig(mode="none"))
-    return {k: alone.run(local_target.tokenize(t, add_special=True), max_tokens=N, params=GREEDY,
-                         reuse_cache=False) for k, t in PROMPTS.items()}
+    return {
+        k: alone.run(
+            local_target.tokenize(t, add_special=True),
+            max_tokens=N,
+            params=GREEDY,
+            reuse_cache=False,
+        )
+        for k, t in PROMPTS.items()
+    }
 
 
 # -- the protocol and the options ------------------------------------------------------------
+
 
 def test_a_worker_of_this_build_speaks_the_version_the_check_expects(workers):
     info = rpc.check_worker(rpc.parse_endpoints(workers[0].endpoint)[0])
@@ -146,10 +174,17 @@ def test_a_worker_of_this_build_speaks_the_version_the_check_expects(workers):
     assert len(info.memory) == 1 and 0 < info.memory[0][0] <= info.memory[0][1]
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("", "empty address"), ("a:1,,b:2", "empty address"), ("host:port", "not a number"),
-    ("host:0", "1 to 65535"), ("h:1,h:1", "given twice"), ("[::1]:5", "not HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "empty address"),
+        ("a:1,,b:2", "empty address"),
+        ("host:port", "not a number"),
+        ("host:0", "1 to 65535"),
+        ("h:1,h:1", "given twice"),
+        ("[::1]:5", "not HOST:PORT"),
+    ],
+)
 def test_bad_rpc_addresses_are_usage_errors(text, needle):
     with pytest.raises(UsageError, match=needle):
         rpc.parse_endpoints(text)
@@ -165,13 +200,18 @@ def test_rpc_options_reach_the_load_options():
     assert t.flash_attn is False
     o = ModelOptions(rpc="127.0.0.1:50052", rpc_draft=True)
     assert o.load_options(True).rpc == ("127.0.0.1:50052",)
-    for bad, needle in (({"rpc_draft": True}, "give --rpc"), ({"tensor_split": "1,x"}, "numbers"),
-                        ({"tensor_split": "0,0"}, "not all 0"), ({"tensor_split": "-1,2"}, ">= 0")):
+    for bad, needle in (
+        ({"rpc_draft": True}, "give --rpc"),
+        ({"tensor_split": "1,x"}, "numbers"),
+        ({"tensor_split": "0,0"}, "not all 0"),
+        ({"tensor_split": "-1,2"}, ">= 0"),
+    ):
         with pytest.raises(UsageError, match=needle):
             ModelOptions(**bad).validate()
 
 
 # -- the target on workers: exact --------------------------------------------------------------
+
 
 def test_a_worker_scores_batched_rows_as_single_rows(two_worker_target):
     assert two_worker_target.context_params()["gpu_layers"] == two_worker_target.n_layer + 1
@@ -192,11 +232,18 @@ def test_logits_on_workers_equal_local_logits(two_worker_target, local_target):
 
 @pytest.mark.parametrize("mode", ["none", "draft", "lookup", "auto"])
 def test_greedy_over_two_workers_is_the_local_target(mode, two_worker_target, draft, baselines):
-    eng = Engine(two_worker_target, draft if mode in ("draft", "auto") else None,
-                 SpecConfig(mode=mode, draft_max=4))
+    eng = Engine(
+        two_worker_target,
+        draft if mode in ("draft", "auto") else None,
+        SpecConfig(mode=mode, draft_max=4),
+    )
     for key, text in PROMPTS.items():
-        got = eng.run(two_worker_target.tokenize(text, add_special=True), max_tokens=N, params=GREEDY,
-                      reuse_cache=False)
+        got = eng.run(
+            two_worker_target.tokenize(text, add_special=True),
+            max_tokens=N,
+            params=GREEDY,
+            reuse_cache=False,
+        )
         assert_same_as_target(got, baselines[key], f"{mode} over two workers, {key}")
 
 
@@ -208,11 +255,18 @@ def test_greedy_over_this_machine_and_one_worker(model_path, workers, draft, bas
         for mode in ("none", "auto"):
             eng = Engine(m, draft if mode == "auto" else None, SpecConfig(mode=mode, draft_max=4))
             for key, text in PROMPTS.items():
-                got = eng.run(m.tokenize(text, add_special=True), max_tokens=N, params=GREEDY, reuse_cache=False)
+                got = eng.run(
+                    m.tokenize(text, add_special=True),
+                    max_tokens=N,
+                    params=GREEDY,
+                    reuse_cache=False,
+                )
                 assert_same_as_target(got, baselines[key], f"{mode} over here + one worker, {key}")
 
 
-def test_sampled_over_workers_is_the_local_run_and_the_targets_distribution(two_worker_target, local_target, draft):
+def test_sampled_over_workers_is_the_local_run_and_the_targets_distribution(
+    two_worker_target, local_target, draft
+):
     """Seed for seed the same tokens as the local pair (the logits are the same numbers, so
     every accept/reject draw is too); over 100 seeds the first token follows the target's own
     distribution at temp 1 (chi-square, as the local sampling tests)."""
@@ -232,8 +286,12 @@ def test_sampled_over_workers_is_the_local_run_and_the_targets_distribution(two_
     probs[dist.ids] = dist.probs
     local_target.clear()
     firsts = Counter(
-        remote.run(prompt, max_tokens=1, params=SamplingParams(**{**params.__dict__, "seed": 1000 + s}),
-                   reuse_cache=False).tokens[0]
+        remote.run(
+            prompt,
+            max_tokens=1,
+            params=SamplingParams(**{**params.__dict__, "seed": 1000 + s}),
+            reuse_cache=False,
+        ).tokens[0]
         for s in range(100)
     )
     counts = np.zeros(len(probs))
@@ -245,8 +303,11 @@ def test_sampled_over_workers_is_the_local_run_and_the_targets_distribution(two_
 
 # -- the command line: one line for every failure -----------------------------------------------
 
+
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SPECRUN, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [SPECRUN, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def _one_line(p: subprocess.CompletedProcess[str]) -> str:
@@ -301,7 +362,9 @@ class FakeWorker:
 def test_a_worker_of_another_version_or_none_that_answers_is_refused_before_llama_cpp():
     old = FakeWorker(bytes([3, 0, 0]))  # protocol v3 answered HELLO with three bytes
     try:
-        p = _run("generate", "--prompt", "hi", "-n", "4", "--rpc", f"127.0.0.1:{old.port}", timeout=120)
+        p = _run(
+            "generate", "--prompt", "hi", "-n", "4", "--rpc", f"127.0.0.1:{old.port}", timeout=120
+        )
         assert p.returncode == 1 and "protocol v3.0.0" in _one_line(p), p.stderr
     finally:
         old.close()
@@ -323,7 +386,18 @@ def cli_workers():
 
 def test_cli_over_two_workers_says_what_the_target_alone_says_and_info_sees_them(cli_workers):
     rpc_arg = ",".join(w.endpoint for w in cli_workers)
-    common = ["--prompt", PROMPTS["quote"], "--raw", "-n", "24", "--temp", "0", "--json", "-t", str(THREADS)]
+    common = [
+        "--prompt",
+        PROMPTS["quote"],
+        "--raw",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--json",
+        "-t",
+        str(THREADS),
+    ]
     here = _run("generate", *common, "--mode", "none")
     assert here.returncode == 0, here.stderr
     there = _run("generate", *common, "--mode", "auto", "--rpc", rpc_arg)
@@ -331,7 +405,9 @@ def test_cli_over_two_workers_says_what_the_target_alone_says_and_info_sees_them
     a, b = json.loads(here.stdout), json.loads(there.stdout)
     assert b["tokens"] == a["tokens"]
     t = b["runtime"]["target"]
-    assert t["rpc"] == rpc_arg.split(",") and t["gpu_layers"] == 31 and t["flash_attn"] == "disabled"
+    assert (
+        t["rpc"] == rpc_arg.split(",") and t["gpu_layers"] == 31 and t["flash_attn"] == "disabled"
+    )
     assert b["runtime"]["draft"]["rpc"] == [] and b["runtime"]["draft"]["gpu_layers"] == 0
     p = _run("info", "--json", "--rpc", rpc_arg)
     assert p.returncode == 0, p.stderr
@@ -339,7 +415,9 @@ def test_cli_over_two_workers_says_what_the_target_alone_says_and_info_sees_them
     assert [w["endpoint"] for w in info["models"]["workers"]] == rpc_arg.split(",")
     assert all(w["devices"][0]["total"] > 0 for w in info["models"]["workers"])
     target, draft = info["models"]["models"]
-    assert target["placement"]["rpc"] == rpc_arg.split(",") and target["placement"]["gpu_layers"] == 31
+    assert (
+        target["placement"]["rpc"] == rpc_arg.split(",") and target["placement"]["gpu_layers"] == 31
+    )
     assert draft["placement"]["rpc"] == [] and draft["placement"]["gpu_layers"] == 0
     assert info["build"]["rpc"] is True
 
@@ -348,9 +426,26 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_naming_it(cli_workers):
     rpc_arg = ",".join(w.endpoint for w in cli_workers)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(
-            [SPECRUN, "generate", "--prompt", PROMPTS["story"], "--raw", "-n", "2000", "--temp", "0",
-             "--mode", "none", "--rpc", rpc_arg, "-t", str(THREADS)],
-            stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            [
+                SPECRUN,
+                "generate",
+                "--prompt",
+                PROMPTS["story"],
+                "--raw",
+                "-n",
+                "2000",
+                "--temp",
+                "0",
+                "--mode",
+                "none",
+                "--rpc",
+                rpc_arg,
+                "-t",
+                str(THREADS),
+            ],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
         )
         try:
             end = time.monotonic() + 240
@@ -373,7 +468,9 @@ def test_a_worker_killed_mid_run_ends_it_with_one_line_naming_it(cli_workers):
     assert took < 30, took
     assert len(text) >= 20  # what was generated stays printed
     lines = [x for x in stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and cli_workers[1].endpoint in lines[0] and "specrun: error:" in lines[0], stderr
+    assert (
+        len(lines) == 1 and cli_workers[1].endpoint in lines[0] and "specrun: error:" in lines[0]
+    ), stderr
 
 
 def test_a_worker_beyond_loopback_warns_and_a_taken_port_is_one_line():

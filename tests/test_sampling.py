@@ -77,7 +77,9 @@ def chi2_sf(x: float, df: int) -> float:
     return math.exp(log_front) * h
 
 
-def gof(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> tuple[float, int, float]:
+def gof(
+    counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0
+) -> tuple[float, int, float]:
     """Chi-square goodness of fit of ``counts`` to ``probs``: (statistic, df, p-value).
 
     Cells with expected count < ``min_expected`` are pooled (smallest first) until every cell
@@ -113,8 +115,14 @@ def test_chi2_sf_closed_forms(x):
 @pytest.mark.parametrize(
     "x, df, p",
     # Critical values from the standard chi-square table.
-    [(3.841, 1, 0.05), (15.137, 1, 1e-4), (18.307, 10, 0.05), (43.773, 30, 0.05),
-     (124.342, 100, 0.05), (6.635, 1, 0.01)],
+    [
+        (3.841, 1, 0.05),
+        (15.137, 1, 1e-4),
+        (18.307, 10, 0.05),
+        (43.773, 30, 0.05),
+        (124.342, 100, 0.05),
+        (6.635, 1, 0.01),
+    ],
 )
 def test_chi2_sf_table(x, df, p):
     assert chi2_sf(x, df) == pytest.approx(p, rel=2e-3)
@@ -152,13 +160,31 @@ def _pairs() -> dict[str, tuple[Dist, Dist]]:
         "partial_overlap": (dirichlet(rng, range(0, 6), 1.0), dirichlet(rng, range(3, 10), 1.0)),
         "q_superset": (dirichlet(rng, range(0, 4), 1.0), dirichlet(rng, range(0, 12), 1.0)),
         "p_superset": (dirichlet(rng, range(0, 12), 1.0), dirichlet(rng, range(0, 4), 1.0)),
-        "flat_vs_peaked": (mk(dict.fromkeys(range(8), 1.0)), mk({0: 0.93, **dict.fromkeys(range(1, 8), 0.01)})),
-        "peaked_vs_flat": (mk({0: 0.93, **dict.fromkeys(range(1, 8), 0.01)}), mk(dict.fromkeys(range(8), 1.0))),
-        "tiny_masses": (mk({0: 0.6, 1: 0.4 - 3e-4, 2: 1e-4, 3: 1e-4, 4: 1e-4}), mk({0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2, 4: 0.2})),
+        "flat_vs_peaked": (
+            mk(dict.fromkeys(range(8), 1.0)),
+            mk({0: 0.93, **dict.fromkeys(range(1, 8), 0.01)}),
+        ),
+        "peaked_vs_flat": (
+            mk({0: 0.93, **dict.fromkeys(range(1, 8), 0.01)}),
+            mk(dict.fromkeys(range(8), 1.0)),
+        ),
+        "tiny_masses": (
+            mk({0: 0.6, 1: 0.4 - 3e-4, 2: 1e-4, 3: 1e-4, 4: 1e-4}),
+            mk({0: 0.2, 1: 0.2, 2: 0.2, 3: 0.2, 4: 0.2}),
+        ),
         "nearly_equal": (mk({0: 0.5, 1: 0.3, 2: 0.2}), mk({0: 0.5 + 1e-9, 1: 0.3, 2: 0.2 - 1e-9})),
     }
-    for n, conc, shift in [(2, 1.0, 0), (3, 0.5, 1), (5, 1.0, 0), (8, 0.3, 0), (16, 1.0, 4),
-                           (16, 0.3, 0), (40, 0.5, 10), (64, 1.0, 0), (64, 0.2, 32)]:
+    for n, conc, shift in [
+        (2, 1.0, 0),
+        (3, 0.5, 1),
+        (5, 1.0, 0),
+        (8, 0.3, 0),
+        (16, 1.0, 4),
+        (16, 0.3, 0),
+        (40, 0.5, 10),
+        (64, 1.0, 0),
+        (64, 0.2, 32),
+    ]:
         p = dirichlet(rng, range(n), conc)
         q = dirichlet(rng, range(shift, shift + n), conc)
         pairs[f"dirichlet_n{n}_a{conc}_shift{shift}"] = (p, q)
@@ -206,8 +232,14 @@ def test_rule_is_exact(name):
 
 # -- the rule, by statistics through speculative_step --------------------------------------------
 def run_steps(
-    p: Dist, q: Dist | None, n: int, seed: int, token: int | None = None,
-    step: Callable[[Dist, Dist | None, int, np.random.Generator], tuple[bool, int]] = speculative_step,
+    p: Dist,
+    q: Dist | None,
+    n: int,
+    seed: int,
+    token: int | None = None,
+    step: Callable[
+        [Dist, Dist | None, int, np.random.Generator], tuple[bool, int]
+    ] = speculative_step,
 ) -> tuple[dict[int, int], int]:
     """n draws: x ~ q (or the fixed ``token`` when q is None), then ``step``; (counts, accepted)."""
     rng = np.random.default_rng(seed)
@@ -246,7 +278,9 @@ def test_speculative_step_emits_p(name):
     ids = support_of(p, q)
     n = int(ids.max()) + 1
     rate = float(np.minimum(p.dense(n), q.dense(n)).sum())
-    assert within_sigmas(accepted, N_DRAWS, rate), f"{name}: accepted {accepted}/{N_DRAWS}, expected {rate:.4f}"
+    assert within_sigmas(accepted, N_DRAWS, rate), (
+        f"{name}: accepted {accepted}/{N_DRAWS}, expected {rate:.4f}"
+    )
 
 
 DETERMINISTIC = {
@@ -309,7 +343,9 @@ def test_disjoint_never_accepts():
 
 
 # -- transform against a plain reference of llama.cpp's chain ------------------------------------
-def ref_chain(logits: list[float], top_k: int, top_p: float, min_p: float, temp: float) -> dict[int, float]:
+def ref_chain(
+    logits: list[float], top_k: int, top_p: float, min_p: float, temp: float
+) -> dict[int, float]:
     """llama.cpp's default chain written the obvious way: top-k -> top-p -> min-p -> temp -> dist.
 
     top-p keeps the smallest prefix (by decreasing probability) whose cumulative mass reaches
@@ -367,7 +403,13 @@ def test_transform_matches_reference_on_random_arrays():
             top_p=float(rng.choice([1.0, 0.95, 0.8, 0.5, 0.2])),
             min_p=float(rng.choice([0.0, 0.05, 0.1, 0.3, 0.7])),
         )
-        ref = ref_chain(logits.astype(np.float64).tolist(), params.top_k, params.top_p, params.min_p, params.temp)
+        ref = ref_chain(
+            logits.astype(np.float64).tolist(),
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            params.temp,
+        )
         assert_same(transform(logits, params), ref)
         checked += 1
     assert checked == 400
@@ -376,11 +418,19 @@ def test_transform_matches_reference_on_random_arrays():
 def test_transform_large_vocab_matches_reference():
     rng = np.random.default_rng(11)
     logits = (rng.normal(size=50_000) * 3).astype(np.float32)
-    for params in (SamplingParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05),
-                   SamplingParams(temp=0.9, top_k=50, top_p=0.95, min_p=0.0),
-                   SamplingParams(temp=1.3, top_k=0, top_p=0.5, min_p=0.0),
-                   SamplingParams(temp=0.7, top_k=0, top_p=1.0, min_p=0.2)):
-        ref = ref_chain(logits.astype(np.float64).tolist(), params.top_k, params.top_p, params.min_p, params.temp)
+    for params in (
+        SamplingParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temp=0.9, top_k=50, top_p=0.95, min_p=0.0),
+        SamplingParams(temp=1.3, top_k=0, top_p=0.5, min_p=0.0),
+        SamplingParams(temp=0.7, top_k=0, top_p=1.0, min_p=0.2),
+    ):
+        ref = ref_chain(
+            logits.astype(np.float64).tolist(),
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            params.temp,
+        )
         assert_same(transform(logits, params), ref)
 
 
@@ -389,7 +439,9 @@ def logits_of(probs: list[float]) -> np.ndarray:
 
 
 def test_top_k_keeps_the_k_largest():
-    d = transform(np.array([1.0, 5.0, 3.0, 4.0, 2.0]), SamplingParams(temp=1.0, top_k=2, top_p=1.0, min_p=0.0))
+    d = transform(
+        np.array([1.0, 5.0, 3.0, 4.0, 2.0]), SamplingParams(temp=1.0, top_k=2, top_p=1.0, min_p=0.0)
+    )
     assert d.ids.tolist() == [1, 3]
     np.testing.assert_allclose(d.probs, [math.e / (math.e + 1), 1 / (math.e + 1)])
 
@@ -397,14 +449,17 @@ def test_top_k_keeps_the_k_largest():
 @pytest.mark.parametrize("top_p, kept", [(0.45, 1), (0.75, 2), (0.85, 3), (0.999, 4)])
 def test_top_p_includes_the_crossing_token(top_p, kept):
     # masses 0.5, 0.3, 0.15, 0.05: cumulative 0.5, 0.8, 0.95, 1.0
-    d = transform(logits_of([0.3, 0.5, 0.05, 0.15]),
-                  SamplingParams(temp=1.0, top_k=0, top_p=top_p, min_p=0.0))
+    d = transform(
+        logits_of([0.3, 0.5, 0.05, 0.15]), SamplingParams(temp=1.0, top_k=0, top_p=top_p, min_p=0.0)
+    )
     assert d.ids.tolist() == [1, 0, 3, 2][:kept]
 
 
 def test_min_p_is_relative_to_the_max():
     # p_max = 0.5, min_p = 0.25: threshold 0.125 keeps 0.15 (an absolute 0.25 would drop it)
-    d = transform(logits_of([0.5, 0.3, 0.15, 0.05]), SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.25))
+    d = transform(
+        logits_of([0.5, 0.3, 0.15, 0.05]), SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.25)
+    )
     assert d.ids.tolist() == [0, 1, 2]
     np.testing.assert_allclose(d.probs, np.array([0.5, 0.3, 0.15]) / 0.95)
 
@@ -425,9 +480,11 @@ def test_temperature_is_applied_last(temp):
 def test_disabled_steps_keep_everything():
     rng = np.random.default_rng(5)
     logits = rng.normal(size=30)
-    for params in (SamplingParams(temp=0.7, top_k=0, top_p=1.0, min_p=0.0),
-                   SamplingParams(temp=0.7, top_k=30, top_p=1.0, min_p=0.0),
-                   SamplingParams(temp=0.7, top_k=1000, top_p=1.0, min_p=0.0)):
+    for params in (
+        SamplingParams(temp=0.7, top_k=0, top_p=1.0, min_p=0.0),
+        SamplingParams(temp=0.7, top_k=30, top_p=1.0, min_p=0.0),
+        SamplingParams(temp=0.7, top_k=1000, top_p=1.0, min_p=0.0),
+    ):
         d = transform(logits, params)
         assert d.ids.size == 30
         want = np.exp(logits / 0.7 - np.max(logits / 0.7))

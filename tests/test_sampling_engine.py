@@ -54,8 +54,10 @@ def chat(model, text: str) -> list[int]:
 
 
 def two_sample_chi2(
-    a: Sequence[Hashable], b: Sequence[Hashable],
-    coarsen: Callable[[Hashable], Hashable] = lambda k: k, min_expected: float = 5.0,
+    a: Sequence[Hashable],
+    b: Sequence[Hashable],
+    coarsen: Callable[[Hashable], Hashable] = lambda k: k,
+    min_expected: float = 5.0,
 ) -> tuple[float, int, float]:
     """Two-sample chi-square homogeneity test over categorical samples: (statistic, df, p).
 
@@ -67,7 +69,9 @@ def two_sample_chi2(
     share = min(na, nb) / (na + nb)  # expected count in the smaller sample per pooled count
     ca, cb = Counter(a), Counter(b)
 
-    def pool(ca: Counter, cb: Counter, key: Callable[[Hashable], Hashable]) -> tuple[Counter, Counter]:
+    def pool(
+        ca: Counter, cb: Counter, key: Callable[[Hashable], Hashable]
+    ) -> tuple[Counter, Counter]:
         oa, ob = Counter(), Counter()
         for k in set(ca) | set(cb):
             dst = k if (ca[k] + cb[k]) * share >= min_expected else key(k)
@@ -91,7 +95,9 @@ def two_sample_chi2(
     return stat, df, chi2_sf(stat, df)
 
 
-def first_two(engine: Engine, prompt: list[int], seeds: range) -> tuple[list[tuple[int, ...]], list]:
+def first_two(
+    engine: Engine, prompt: list[int], seeds: range
+) -> tuple[list[tuple[int, ...]], list]:
     """The first two tokens of one completion per seed; the prompt stays in the cache."""
     engine.reset()  # the fixtures' models are shared with other engines and modules
     pairs, stats = [], []
@@ -145,7 +151,11 @@ def test_prompt_is_uncertain(first_dists):
 
 
 def test_rejection_sampling_matches_target(smol_target, smol_draft, prompt, baseline, first_dists):
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="rejection", draft_p_min=0.0))
+    engine = Engine(
+        smol_target,
+        smol_draft,
+        SpecConfig(mode="draft", draft_max=4, verify="rejection", draft_p_min=0.0),
+    )
     got, stats = first_two(engine, prompt, SPEC_SEEDS)
     for what, (stat, df, p) in compare("draft+rejection", got, baseline).items():
         assert df >= 10 and p > ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e}"
@@ -160,7 +170,11 @@ def test_rejection_sampling_matches_target(smol_target, smol_draft, prompt, base
 
 
 def test_sample_and_match_matches_target(smol_target, smol_draft, prompt, baseline, first_dists):
-    engine = Engine(smol_target, smol_draft, SpecConfig(mode="draft", draft_max=4, verify="match", draft_p_min=0.0))
+    engine = Engine(
+        smol_target,
+        smol_draft,
+        SpecConfig(mode="draft", draft_max=4, verify="match", draft_p_min=0.0),
+    )
     got, stats = first_two(engine, prompt, SPEC_SEEDS)
     for what, (stat, df, p) in compare("draft+match", got, baseline).items():
         assert df >= 10 and p > ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e}"
@@ -197,8 +211,10 @@ def test_same_seed_same_tokens_different_seed_different(smol_target, smol_draft)
     c = engine.run(toks, max_tokens=48, params=params, reuse_cache=True).tokens
     assert len(a) > 10
     assert a == b == c
-    others = [engine.run(toks, max_tokens=48, params=replace(params, seed=s), reuse_cache=True).tokens
-              for s in (1235, 99)]
+    others = [
+        engine.run(toks, max_tokens=48, params=replace(params, seed=s), reuse_cache=True).tokens
+        for s in (1235, 99)
+    ]
     assert all(o != a for o in others)
 
 

@@ -23,7 +23,11 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.models
 
 # The CLI as a module of this interpreter, so PYTHONPATH (a work tree) reaches the child too.
-CLI = [sys.executable, "-c", "import sys; from specrun.cli.main import entry; sys.argv[0] = 'specrun'; entry()"]
+CLI = [
+    sys.executable,
+    "-c",
+    "import sys; from specrun.cli.main import entry; sys.argv[0] = 'specrun'; entry()",
+]
 BASE = ["serve", "--pair", "smollm2-135m", "-t", str(THREADS), "--ctx", "1024", "--port", "0"]
 Q = "Name three colours."
 
@@ -32,8 +36,14 @@ class Server:
     """A `specrun serve` child: its URL from the 'listening on' line; stderr kept."""
 
     def __init__(self, *extra: str, wait: bool = True) -> None:
-        self.proc = subprocess.Popen([*CLI, *BASE, *extra], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        self.proc = subprocess.Popen(
+            [*CLI, *BASE, *extra],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
         self.lines: list[str] = []
         self.url = ""
         got = threading.Event()
@@ -115,47 +125,97 @@ def test_health_models_metrics(server: Server) -> None:
     assert model["context_length"] == 1024 and model["draft_model"] == SMOL_DRAFT
     chat(server, Q, 4)
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ("specrun_requests_total", "specrun_tokens_predicted_total", "specrun_prompt_tokens_total",
-                 "specrun_requests_deferred", "specrun_draft_tokens_total", "specrun_draft_tokens_accepted_total",
-                 "specrun_predicted_tokens_seconds", "specrun_acceptance_rate"):
+    for name in (
+        "specrun_requests_total",
+        "specrun_tokens_predicted_total",
+        "specrun_prompt_tokens_total",
+        "specrun_requests_deferred",
+        "specrun_draft_tokens_total",
+        "specrun_draft_tokens_accepted_total",
+        "specrun_predicted_tokens_seconds",
+        "specrun_acceptance_rate",
+    ):
         assert name in text, name
-    assert re.search(r'specrun_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text)
+    assert re.search(
+        r'specrun_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text
+    )
 
 
 def test_openai_client_chat_and_completions(server: Server) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    r = client.chat.completions.create(model="anything", messages=[{"role": "user", "content": Q}],
-                                       max_tokens=12, temperature=0)
+    r = client.chat.completions.create(
+        model="anything", messages=[{"role": "user", "content": Q}], max_tokens=12, temperature=0
+    )
     text = r.choices[0].message.content
     assert text and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.completion_tokens <= 12 and r.usage.prompt_tokens > 5
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
     extra = r.model_extra or {}
-    assert set(extra["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
-                                     "predicted_per_second", "draft_n", "draft_n_accepted"}
-    assert set(extra["specrun"]) >= {"drafted", "accepted", "acceptance_rate", "target_passes",
-                                     "mean_accepted_length", "per_position_acceptance",
-                                     "accepted_length_histogram", "prefill_seconds", "decode_seconds",
-                                     "tokens_per_second"}
+    assert set(extra["timings"]) >= {
+        "prompt_n",
+        "prompt_ms",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+        "draft_n",
+        "draft_n_accepted",
+    }
+    assert set(extra["specrun"]) >= {
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "target_passes",
+        "mean_accepted_length",
+        "per_position_acceptance",
+        "accepted_length_histogram",
+        "prefill_seconds",
+        "decode_seconds",
+        "tokens_per_second",
+    }
     # streaming: the same greedy text, a usage chunk with empty choices last
-    chunks = list(client.chat.completions.create(
-        model="anything", messages=[{"role": "user", "content": Q}], max_tokens=12, temperature=0,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="anything",
+            messages=[{"role": "user", "content": Q}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[0].finish_reason
+    assert (
+        chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    )
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == r.choices[
+        0
+    ].finish_reason
     # completions, plain and streamed
-    c = client.completions.create(model="x", prompt="The capital of France is", max_tokens=6, temperature=0)
+    c = client.completions.create(
+        model="x", prompt="The capital of France is", max_tokens=6, temperature=0
+    )
     assert c.choices[0].text and c.object == "text_completion"
-    parts = list(client.completions.create(model="x", prompt="The capital of France is", max_tokens=6,
-                                           temperature=0, stream=True))
+    parts = list(
+        client.completions.create(
+            model="x", prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+        )
+    )
     assert "".join(p.choices[0].text for p in parts if p.choices) == c.choices[0].text
 
 
 def test_raw_stream_shape(server: Server) -> None:
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=300, json={
-            "messages": [{"role": "user", "content": Q}], "max_tokens": 6, "temperature": 0, "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        timeout=300,
+        json={
+            "messages": [{"role": "user", "content": Q}],
+            "max_tokens": 6,
+            "temperature": 0,
+            "stream": True,
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -166,9 +226,31 @@ def test_raw_stream_shape(server: Server) -> None:
 
 
 def generate_json(prompt: str, n: int, mode: str) -> dict[str, Any]:
-    p = subprocess.run([*CLI, "generate", "--pair", "smollm2-135m", "-t", str(THREADS), "--ctx", "1024",
-                        "--json", "--temp", "0", "-n", str(n), "--mode", mode, "--prompt", prompt],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [
+            *CLI,
+            "generate",
+            "--pair",
+            "smollm2-135m",
+            "-t",
+            str(THREADS),
+            "--ctx",
+            "1024",
+            "--json",
+            "--temp",
+            "0",
+            "-n",
+            str(n),
+            "--mode",
+            mode,
+            "--prompt",
+            prompt,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -187,7 +269,9 @@ def test_greedy_equals_generate(server: Server, mode: str) -> None:
 def test_eight_concurrent_clients(server: Server) -> None:
     prompts = [f"Write one sentence about the number {i}." for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: chat(server, p, 12)["choices"][0]["message"]["content"], prompts))
+        together = list(
+            pool.map(lambda p: chat(server, p, 12)["choices"][0]["message"]["content"], prompts)
+        )
     alone = [chat(server, p, 12)["choices"][0]["message"]["content"] for p in prompts]
     assert together == alone
     assert len(set(alone)) > 1
@@ -200,9 +284,18 @@ def test_disconnect_frees_the_engine(server: Server) -> None:
         return float(m.group(1)) if m else 0.0
 
     before = cancelled()
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=300, json={
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        timeout=300,
+        json={
             "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
-            "max_tokens": 900, "temperature": 0, "stream": True, "specrun": {"mode": "none"}}) as r:
+            "max_tokens": 900,
+            "temperature": 0,
+            "stream": True,
+            "specrun": {"mode": "none"},
+        },
+    ) as r:
         got = 0
         for line in r.iter_lines():
             if '"content":"' in line and '"content":""' not in line:
@@ -222,8 +315,11 @@ def test_disconnect_frees_the_engine(server: Server) -> None:
 def test_prefix_reuse_across_turns(server: Server) -> None:
     turn1 = [{"role": "user", "content": "My name is Ada. What is a good name for a cat?"}]
     r1 = chat(server, turn1, 16)
-    turn2 = [*turn1, {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
-             {"role": "user", "content": "And for a dog?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And for a dog?"},
+    ]
     r2 = chat(server, turn2, 8)
     cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= r1["usage"]["prompt_tokens"], (cached, r1["usage"])
@@ -241,45 +337,179 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content[0].type"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -5}, 400,
-     "max_completion_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": -3}, 400, "top_k"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, 400, "min_p"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "seed": "abc"}, 400, "seed"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages[0].role",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "tool", "content": "x"}]},
+        400,
+        "messages[0].role",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages[0].content[0].type",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": 5}]},
+        400,
+        "messages[0].content",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": True},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -5},
+        400,
+        "max_completion_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
+        400,
+        "temperature",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+        400,
+        "temperature",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_p": 0},
+        400,
+        "top_p",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "top_k": -3},
+        400,
+        "top_k",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "min_p": 1.5},
+        400,
+        "min_p",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "seed": "abc"},
+        400,
+        "seed",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 1000}, 400, "n"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}, 400, "stop"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
-     400, "stream_options"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     400, "response_format"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}, 400,
-     "presence_penalty"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "speculative": {"n_max": 999}}, 400,
-     "speculative.n_max"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "speculative": {"p_min": 2}}, 400,
-     "speculative.p_min"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "speculative": {"n_max": 2, "n_min": 3}},
-     400, "speculative.n_min"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "speculative": 4}, 400, "speculative"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "specrun": {"mode": "warp"}}, 400,
-     "specrun.mode"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": 7}, 400, "model"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]},
+        400,
+        "stop",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+        400,
+        "stream",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        400,
+        "tools",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        400,
+        "logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
+        400,
+        "response_format",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "speculative": {"n_max": 999}},
+        400,
+        "speculative.n_max",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "speculative": {"p_min": 2}},
+        400,
+        "speculative.p_min",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "speculative": {"n_max": 2, "n_min": 3}},
+        400,
+        "speculative.n_min",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "speculative": 4},
+        400,
+        "speculative",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "specrun": {"mode": "warp"}},
+        400,
+        "specrun.mode",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "model": 7},
+        400,
+        "model",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("/v1/completions", {"prompt": LONG}, 400, "prompt"),
     ("/v1/completions", {}, 400, "prompt"),
@@ -291,10 +521,14 @@ BAD: list[tuple[str, Any, int, str | None]] = [
 ]
 
 
-@pytest.mark.parametrize("path,body,status,param", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "path,body,status,param", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)]
+)
 def test_bad_requests(server: Server, path: str, body: Any, status: int, param: str | None) -> None:
     if isinstance(body, bytes):
-        r = httpx.post(f"{server.url}{path}", content=body, headers={"Content-Type": "application/json"})
+        r = httpx.post(
+            f"{server.url}{path}", content=body, headers={"Content-Type": "application/json"}
+        )
     else:
         r = server.post(path, body)
     assert r.status_code == status, r.text
@@ -314,8 +548,17 @@ def test_bad_requests_leave_it_serving(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def keyed(pair):  # type: ignore[no-untyped-def]
-    s = Server("--api-key", "sekrit", "--queue", "1", "--mode", "none", "--cors", "https://app.example",
-               wait=False)
+    s = Server(
+        "--api-key",
+        "sekrit",
+        "--queue",
+        "1",
+        "--mode",
+        "none",
+        "--cors",
+        "https://app.example",
+        wait=False,
+    )
     try:
         yield s
     finally:
@@ -340,21 +583,34 @@ def test_health_503_while_loading_then_auth(keyed: Server) -> None:
 
 
 def test_cors_only_when_asked(keyed: Server, server: Server) -> None:
-    pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-           "Access-Control-Request-Headers": "authorization,content-type"}
+    pre = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
     r = httpx.options(f"{keyed.url}/v1/chat/completions", headers=pre)
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
-    r = httpx.options(f"{keyed.url}/v1/chat/completions", headers={**pre, "Origin": "https://evil.example"})
+    assert (
+        r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    )
+    r = httpx.options(
+        f"{keyed.url}/v1/chat/completions", headers={**pre, "Origin": "https://evil.example"}
+    )
     assert r.headers.get("access-control-allow-origin") is None
     r = httpx.get(f"{server.url}/health", headers={"Origin": "https://app.example"})
     assert "access-control-allow-origin" not in r.headers
 
 
 def test_full_queue_answers_503_retry_after(keyed: Server) -> None:
-    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 24, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
     auth = {"Authorization": "Bearer sekrit"}
     with ThreadPoolExecutor(4) as pool:
-        rs = list(pool.map(lambda _: keyed.post("/v1/chat/completions", body, headers=auth), range(4)))
+        rs = list(
+            pool.map(lambda _: keyed.post("/v1/chat/completions", body, headers=auth), range(4))
+        )
     codes = sorted(r.status_code for r in rs)
     assert 200 in codes and 503 in codes, codes
     full = next(r for r in rs if r.status_code == 503)
@@ -366,10 +622,17 @@ def test_sigterm_mid_stream_exits_0(keyed: Server) -> None:
 
     def stream() -> None:
         try:
-            with httpx.stream("POST", f"{keyed.url}/v1/chat/completions", timeout=120,
-                              headers={"Authorization": "Bearer sekrit"}, json={
-                                  "messages": [{"role": "user", "content": "Write a long story."}],
-                                  "max_tokens": 900, "stream": True}) as r:
+            with httpx.stream(
+                "POST",
+                f"{keyed.url}/v1/chat/completions",
+                timeout=120,
+                headers={"Authorization": "Bearer sekrit"},
+                json={
+                    "messages": [{"role": "user", "content": "Write a long story."}],
+                    "max_tokens": 900,
+                    "stream": True,
+                },
+            ) as r:
                 for _ in r.iter_lines():
                     got.set()
         except httpx.HTTPError:
@@ -386,8 +649,13 @@ def test_sigterm_mid_stream_exits_0(keyed: Server) -> None:
 
 def test_non_loopback_without_key_warns(pair) -> None:  # type: ignore[no-untyped-def]
     # 192.0.2.1 (TEST-NET-1) is on no interface here: the warning comes, then the bind fails.
-    p = subprocess.run([*CLI, "serve", "--host", "192.0.2.1", "--port", "0"], capture_output=True, text=True,
-                       timeout=60, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [*CLI, "serve", "--host", "192.0.2.1", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert p.returncode == 1
     assert "without --api-key" in p.stderr and "cannot listen on 192.0.2.1" in p.stderr
     assert "Traceback" not in p.stderr

@@ -24,7 +24,13 @@ def test_defaults_come_from_the_server_options() -> None:
     assert r.params.temp == 0.0 and r.params.top_k == 40 and r.max_tokens is None and r.n == 1
     assert not r.stream and r.spec == {} and r.cache_prompt
     r = chat(temperature=0.7, top_p=0.5, top_k=5, min_p=0.1, seed=9, max_tokens=20, stop="END", n=2)
-    assert (r.params.temp, r.params.top_p, r.params.top_k, r.params.min_p, r.params.seed) == (0.7, 0.5, 5, 0.1, 9)
+    assert (r.params.temp, r.params.top_p, r.params.top_k, r.params.min_p, r.params.seed) == (
+        0.7,
+        0.5,
+        5,
+        0.1,
+        9,
+    )
     assert r.max_tokens == 20 and r.stop == ["END"] and r.n == 2
 
 
@@ -34,31 +40,64 @@ def test_max_completion_tokens_and_the_smaller_wins() -> None:
 
 
 def test_speculative_and_specrun_extras() -> None:
-    r = chat(speculative={"n_max": 6, "n_min": 1, "p_min": 0.5}, specrun={"mode": "draft", "return_tokens": True})
-    assert r.spec == {"draft_max": 6, "draft_min": 1, "draft_p_min": 0.5, "mode": "draft"} and r.return_tokens
+    r = chat(
+        speculative={"n_max": 6, "n_min": 1, "p_min": 0.5},
+        specrun={"mode": "draft", "return_tokens": True},
+    )
+    assert (
+        r.spec == {"draft_max": 6, "draft_min": 1, "draft_p_min": 0.5, "mode": "draft"}
+        and r.return_tokens
+    )
     assert chat(speculative={"n_max": 0}).spec == {"mode": "none"}
 
 
 def test_content_parts_and_roles() -> None:
-    r = chat(messages=[{"role": "developer", "content": "be brief"},
-                       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
-    assert r.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    r = chat(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
+    )
+    assert r.messages == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"tools": [{}]}, "tools"), ({"tool_choice": "auto"}, "tool_choice"), ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"), ({"response_format": {"type": "json_schema"}}, "response_format"),
-    ({"frequency_penalty": 1}, "frequency_penalty"), ({"logit_bias": {"5": 1}}, "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"tools": [{}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"frequency_penalty": 1}, "frequency_penalty"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ],
+)
 def test_unsupported_is_refused_by_name(body, param) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(APIError) as e:
         chat(**body)
-    assert e.value.status == 400 and e.value.param == param and e.value.code == "unsupported_parameter"
+    assert (
+        e.value.status == 400 and e.value.param == param and e.value.code == "unsupported_parameter"
+    )
 
 
 def test_harmless_defaults_of_clients_pass() -> None:
-    chat(logprobs=False, response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0.0,
-         tools=[], parallel_tool_calls=True, user="u", store=False)
+    chat(
+        logprobs=False,
+        response_format={"type": "text"},
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        tools=[],
+        parallel_tool_calls=True,
+        user="u",
+        store=False,
+    )
 
 
 def test_completion_prompts() -> None:

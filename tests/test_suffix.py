@@ -20,7 +20,7 @@ RNG = np.random.default_rng(0)
 
 def occurrences(text: list[int], pat: list[int]) -> int:
     n = len(pat)
-    return sum(text[i:i + n] == pat for i in range(len(text) - n + 1))
+    return sum(text[i : i + n] == pat for i in range(len(text) - n + 1))
 
 
 def brute_longest_earlier(text: list[int]) -> int:
@@ -28,7 +28,7 @@ def brute_longest_earlier(text: list[int]) -> int:
     best = 0
     for n in range(1, len(text)):
         suf = text[-n:]
-        if any(text[i:i + n] == suf for i in range(len(text) - n)):
+        if any(text[i : i + n] == suf for i in range(len(text) - n)):
             best = n
     return best
 
@@ -42,11 +42,11 @@ def test_automaton_counts_and_matcher_equal_brute_force():
         state, length = sam.step(state, length, t)
         sam.extend(t)
         state = sam.settle(state, length)
-        assert length == brute_longest_earlier(text[:i + 1]), i
+        assert length == brute_longest_earlier(text[: i + 1]), i
     # occurrence counts of every short substring (the count walk is not capped at this depth)
     for n in (1, 2, 3, 5):
         for i in range(0, len(text) - n, 7):
-            pat = text[i:i + n]
+            pat = text[i : i + n]
             s = 0
             for t in pat:
                 s = sam.nxt[s][t]
@@ -105,7 +105,10 @@ def test_incremental_equals_rebuilt_and_resyncs_on_a_new_text():
         a.propose(seq[:i], 4, P, RNG, True)
     a.propose(seq, 4, P, RNG, True)
     b.prefill(seq)
-    assert a.cur == b.cur and a.propose(seq, 6, P, RNG, True).tokens == b.propose(seq, 6, P, RNG, True).tokens
+    assert (
+        a.cur == b.cur
+        and a.propose(seq, 6, P, RNG, True).tokens == b.propose(seq, 6, P, RNG, True).tokens
+    )
     other = [9, 9, 8, 9, 9]
     a.propose(other, 4, P, RNG, True)  # not an extension: rebuilt
     assert a.tokens == other and a.propose(other, 1, P, RNG, True).tokens == [8]
@@ -176,8 +179,15 @@ def test_lookup_file_migrates_the_ngram_format(tmp_path):
     assert d.propose(seq, 2, P, RNG, True).tokens == [4]
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"version": 7}',
-                                     '{"format": "specrun-lookup", "version": 2, "vocabs": {"v": [["x"]]}}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[1, 2]",
+        '{"version": 7}',
+        '{"format": "specrun-lookup", "version": 2, "vocabs": {"v": [["x"]]}}',
+    ],
+)
 def test_lookup_file_refuses_a_corrupt_file_in_one_line(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)

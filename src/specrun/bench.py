@@ -45,9 +45,25 @@ from specrun.spec.stats import SpecStats
 BUILTIN = "builtin"
 # Spec-Bench's leaderboard columns, in its order, then code. MT-bench's own categories (the
 # first 80 questions of Spec-Bench's question.jsonl) all count as multi-turn conversation.
-COLUMNS = {"mt_bench": "MT", "translation": "Trans", "summarization": "Sum", "qa": "QA",
-           "math_reasoning": "Math", "rag": "RAG", "code": "Code"}
-MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+COLUMNS = {
+    "mt_bench": "MT",
+    "translation": "Trans",
+    "summarization": "Sum",
+    "qa": "QA",
+    "math_reasoning": "Math",
+    "rag": "RAG",
+    "code": "Code",
+}
+MT_BENCH = {
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+}
 
 
 # -- the suite ------------------------------------------------------------------------------
@@ -105,8 +121,10 @@ def parse_suite(text: str, where: str = "suite") -> list[Prompt]:
             raise bad(f"expected a JSON object, got {type(obj).__name__}")
         missing = [k for k in ("question_id", "category", "turns") if k not in obj]
         if missing:
-            raise bad(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                      "(Spec-Bench format: question_id, category, turns)")
+            raise bad(
+                f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                "(Spec-Bench format: question_id, category, turns)"
+            )
         qid, cat, turns = obj["question_id"], obj["category"], obj["turns"]
         if isinstance(qid, bool) or not isinstance(qid, int | str) or str(qid) == "":
             raise bad("question_id must be a number or a non-empty string")
@@ -126,8 +144,9 @@ def parse_suite(text: str, where: str = "suite") -> list[Prompt]:
     return prompts
 
 
-def select(prompts: Sequence[Prompt], limit: int | None = None,
-           categories: Sequence[str] | None = None) -> list[Prompt]:
+def select(
+    prompts: Sequence[Prompt], limit: int | None = None, categories: Sequence[str] | None = None
+) -> list[Prompt]:
     """The first ``limit`` prompts of each category (by the column it reports under)."""
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be >= 1, got {limit}")
@@ -135,8 +154,10 @@ def select(prompts: Sequence[Prompt], limit: int | None = None,
         known = {p.category for p in prompts} | {p.column for p in prompts}
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise UsageError(f"--categories: no prompts in {', '.join(unknown)} "
-                             f"(the suite has {', '.join(order_columns(prompts))})")
+            raise UsageError(
+                f"--categories: no prompts in {', '.join(unknown)} "
+                f"(the suite has {', '.join(order_columns(prompts))})"
+            )
     out: list[Prompt] = []
     count: dict[str, int] = {}
     for p in prompts:
@@ -176,7 +197,9 @@ def parse_ks(text: str) -> list[int]:
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise UsageError(f"--draft-max: expected a comma list of integers like 2,4,8, got {text!r}") from None
+        raise UsageError(
+            f"--draft-max: expected a comma list of integers like 2,4,8, got {text!r}"
+        ) from None
     if not ks or ks[0] < 1:
         raise UsageError(f"--draft-max: every K must be >= 1, got {text!r}")
     return ks
@@ -198,11 +221,17 @@ class Skipped:
     reason: str
 
 
-def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequence[int],
-                  draft_min: int = defaults.DRAFT_MIN, draft_p_min: float = defaults.DRAFT_P_MIN,
-                  verify: str = defaults.VERIFY, lookup_min: int = defaults.LOOKUP_MIN,
-                  lookup_max: int = defaults.LOOKUP_MAX,
-                  ) -> tuple[list[tuple[Config, Engine]], list[Skipped]]:
+def build_engines(
+    target: Any,
+    draft: Any,
+    configs: Sequence[Config],
+    ks: Sequence[int],
+    draft_min: int = defaults.DRAFT_MIN,
+    draft_p_min: float = defaults.DRAFT_P_MIN,
+    verify: str = defaults.VERIFY,
+    lookup_min: int = defaults.LOOKUP_MIN,
+    lookup_max: int = defaults.LOOKUP_MAX,
+) -> tuple[list[tuple[Config, Engine]], list[Skipped]]:
     """One Engine per configuration over the same loaded models. A mode the engine refuses for
     this pair (unknown, needs a draft model that is not loaded, ...) is skipped with its reason."""
     engines: list[tuple[Config, Engine]] = []
@@ -213,9 +242,15 @@ def build_engines(target: Any, draft: Any, configs: Sequence[Config], ks: Sequen
             engines.append((cfg, Engine(target, None, spec)))
             continue
         try:
-            spec = SpecConfig(mode=cfg.mode, draft_max=cfg.draft_max, draft_min=min(draft_min, cfg.draft_max),
-                              draft_p_min=draft_p_min, verify=verify, lookup_min=lookup_min,
-                              lookup_max=lookup_max)
+            spec = SpecConfig(
+                mode=cfg.mode,
+                draft_max=cfg.draft_max,
+                draft_min=min(draft_min, cfg.draft_max),
+                draft_p_min=draft_p_min,
+                verify=verify,
+                lookup_min=lookup_min,
+                lookup_max=lookup_max,
+            )
             engine = Engine(target, draft, spec)
             if engine.mode == "auto":  # as generate starts it: from the measured pass costs
                 calibrate_auto(engine)
@@ -267,12 +302,22 @@ class Run:
     def as_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("stats", "tokens", "text")}
         out["costs"] = {
-            "verify_seconds_by_rows": {str(r): round(s, 6) for r, s in self.costs["verify_seconds_by_rows"].items()},
+            "verify_seconds_by_rows": {
+                str(r): round(s, 6) for r, s in self.costs["verify_seconds_by_rows"].items()
+            },
             "draft_step_seconds": _round(self.costs["draft_step_seconds"], 6),
         }
-        for k in ("tokens_per_second", "decode_seconds", "llama_seconds", "prefill_seconds",
-                  "acceptance_rate", "mean_accepted_length", "overhead_fraction", "speedup",
-                  "predicted_speedup"):
+        for k in (
+            "tokens_per_second",
+            "decode_seconds",
+            "llama_seconds",
+            "prefill_seconds",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "overhead_fraction",
+            "speedup",
+            "predicted_speedup",
+        ):
             out[k] = _round(out[k], 4)
         out["per_position_acceptance"] = [round(x, 4) for x in self.per_position_acceptance]
         return out
@@ -349,8 +394,10 @@ class BenchResult:
         threads account for about one unit of load per core."""
         cpus = os.cpu_count() or 1
         if self.load_max is not None and self.load_max > 1.5 * cpus:
-            return (f"the machine was busy during the run (load average up to {self.load_max:.1f} "
-                    f"on {cpus} CPUs): timings and speed-ups are unreliable; rerun on an idle machine")
+            return (
+                f"the machine was busy during the run (load average up to {self.load_max:.1f} "
+                f"on {cpus} CPUs): timings and speed-ups are unreliable; rerun on an idle machine"
+            )
         return None
 
 
@@ -363,9 +410,14 @@ def count_runs(prompts: Sequence[Prompt], n_configs: int, settings: BenchSetting
     return turns * n_configs * settings.repeats + (n_configs if settings.warmup and prompts else 0)
 
 
-def run_bench(engines: Sequence[tuple[Config, Engine]], prompts: Sequence[Prompt], encode: Encode,
-              settings: BenchSettings, progress: Progress | None = None,
-              warn: Callable[[str], None] | None = None) -> BenchResult:
+def run_bench(
+    engines: Sequence[tuple[Config, Engine]],
+    prompts: Sequence[Prompt],
+    encode: Encode,
+    settings: BenchSettings,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> BenchResult:
     """Measure every configuration on every prompt (see the module docstring for the method)."""
     import time
 
@@ -373,16 +425,21 @@ def run_bench(engines: Sequence[tuple[Config, Engine]], prompts: Sequence[Prompt
     tick = progress or (lambda _d: None)
     say = warn or (lambda _m: None)
     t_start = time.perf_counter()
-    result = BenchResult(configs=[c for c, _ in engines], skipped=[], runs=[],
-                         columns=order_columns(prompts))
+    result = BenchResult(
+        configs=[c for c, _ in engines], skipped=[], runs=[], columns=order_columns(prompts)
+    )
     params = settings.params
     try:
         if settings.warmup and prompts:
             first = encode([{"role": "user", "content": prompts[0].turns[0]}])
             for cfg, eng in engines:
                 tick(f"warm-up {cfg.label}")
-                eng.run(first, max_tokens=min(settings.max_tokens, settings.warmup_tokens),
-                        params=params, reuse_cache=False)
+                eng.run(
+                    first,
+                    max_tokens=min(settings.max_tokens, settings.warmup_tokens),
+                    params=params,
+                    reuse_cache=False,
+                )
         for p in prompts:
             result.sample_load()
             history: list[dict[str, str]] = []
@@ -410,9 +467,15 @@ def run_bench(engines: Sequence[tuple[Config, Engine]], prompts: Sequence[Prompt
     return result
 
 
-def _measure_prompt(engines: Sequence[tuple[Config, Engine]], p: Prompt, turn: int,
-                    tokens: list[int], settings: BenchSettings, tick: Progress,
-                    runs: list[Run]) -> None:
+def _measure_prompt(
+    engines: Sequence[tuple[Config, Engine]],
+    p: Prompt,
+    turn: int,
+    tokens: list[int],
+    settings: BenchSettings,
+    tick: Progress,
+    runs: list[Run],
+) -> None:
     n = len(engines)
     try:
         for rep in range(settings.repeats):
@@ -420,10 +483,16 @@ def _measure_prompt(engines: Sequence[tuple[Config, Engine]], p: Prompt, turn: i
                 cfg, eng = engines[(i + rep) % n]  # rotate the order from repeat to repeat
                 tick(f"{p.column} #{p.question_id} {cfg.label}")
                 clear = getattr(eng, "clear_store", None)
-                if clear is not None:  # a first request: no earlier output (nor this prompt's) to copy
+                if (
+                    clear is not None
+                ):  # a first request: no earlier output (nor this prompt's) to copy
                     clear()
-                res = eng.run(tokens, max_tokens=settings.max_tokens, params=settings.params,
-                              reuse_cache=False)
+                res = eng.run(
+                    tokens,
+                    max_tokens=settings.max_tokens,
+                    params=settings.params,
+                    reuse_cache=False,
+                )
                 runs.append(_to_run(cfg, eng, p, turn, rep, res))
     finally:  # also on Ctrl-C: what was measured gets its ratios
         _compare(runs, settings.params.greedy)
@@ -432,16 +501,33 @@ def _measure_prompt(engines: Sequence[tuple[Config, Engine]], p: Prompt, turn: i
 def _to_run(cfg: Config, eng: Engine, p: Prompt, turn: int, rep: int, res: Any) -> Run:
     st: SpecStats = res.stats
     return Run(
-        mode=cfg.mode, draft_max=cfg.draft_max, engine_mode=eng.mode, category=p.category,
-        column=p.column, prompt_id=p.question_id, turn=turn, repeat=rep,
-        prompt_tokens=res.prompt_tokens, generated_tokens=len(res.tokens),
-        finish_reason=res.finish_reason, tokens_per_second=st.tokens_per_second,
-        decode_seconds=st.decode_seconds, llama_seconds=st.llama_seconds,
-        prefill_seconds=st.prefill_seconds, acceptance_rate=st.acceptance_rate,
-        mean_accepted_length=st.mean_accepted_length, drafted=st.drafted, accepted=st.accepted,
-        target_passes=st.target_passes, per_position_acceptance=st.per_position_acceptance(),
-        overhead_fraction=overhead_fraction(st), modes_used=dict(st.modes_used),
-        costs=st.costs(), stats=st, tokens=list(res.tokens), text=res.text,
+        mode=cfg.mode,
+        draft_max=cfg.draft_max,
+        engine_mode=eng.mode,
+        category=p.category,
+        column=p.column,
+        prompt_id=p.question_id,
+        turn=turn,
+        repeat=rep,
+        prompt_tokens=res.prompt_tokens,
+        generated_tokens=len(res.tokens),
+        finish_reason=res.finish_reason,
+        tokens_per_second=st.tokens_per_second,
+        decode_seconds=st.decode_seconds,
+        llama_seconds=st.llama_seconds,
+        prefill_seconds=st.prefill_seconds,
+        acceptance_rate=st.acceptance_rate,
+        mean_accepted_length=st.mean_accepted_length,
+        drafted=st.drafted,
+        accepted=st.accepted,
+        target_passes=st.target_passes,
+        per_position_acceptance=st.per_position_acceptance(),
+        overhead_fraction=overhead_fraction(st),
+        modes_used=dict(st.modes_used),
+        costs=st.costs(),
+        stats=st,
+        tokens=list(res.tokens),
+        text=res.text,
     )
 
 
@@ -482,10 +568,13 @@ class Row:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "mode": self.config.mode, "draft_max": self.config.draft_max, "label": self.config.label,
+            "mode": self.config.mode,
+            "draft_max": self.config.draft_max,
+            "label": self.config.label,
             "engine_modes": self.engine_modes,
             "speedup_by_category": {c: _round(v, 4) for c, v in self.speedup_by_column.items()},
-            "speedup": _round(self.speedup, 4), "predicted_speedup": _round(self.predicted_speedup, 4),
+            "speedup": _round(self.speedup, 4),
+            "predicted_speedup": _round(self.predicted_speedup, 4),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "acceptance_rate": _round(self.acceptance_rate, 4),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
@@ -518,8 +607,10 @@ def summarize(result: BenchResult) -> list[Row]:
         sp = {key: med(g, "speedup") for key, g in per_prompt.items()}
         pr = {key: med(g, "predicted_speedup") for key, g in per_prompt.items()}
         col_of = {key: g[0].column for key, g in per_prompt.items()}
-        by_col = {c: geomean([v for k, v in sp.items() if col_of[k] == c and v is not None])
-                  for c in result.columns}
+        by_col = {
+            c: geomean([v for k, v in sp.items() if col_of[k] == c and v is not None])
+            for c in result.columns
+        }
         drafted = sum(r.drafted for r in runs)
         accepted = sum(r.accepted for r in runs)
         passes = sum(r.target_passes for r in runs)
@@ -530,60 +621,85 @@ def summarize(result: BenchResult) -> list[Row]:
         pos_a: list[int] = []
         for r in runs:
             assert r.stats is not None
-            for i, (d, a) in enumerate(zip(r.stats.per_position_drafted, r.stats.per_position_accepted, strict=True)):
+            for i, (d, a) in enumerate(
+                zip(r.stats.per_position_drafted, r.stats.per_position_accepted, strict=True)
+            ):
                 if i >= len(pos_d):
                     pos_d.append(0)
                     pos_a.append(0)
                 pos_d[i] += d
                 pos_a[i] += a
         compared = [r.identical for r in runs if r.identical is not None]
-        rows.append(Row(
-            config=cfg,
-            engine_modes=sorted({r.engine_mode for r in runs}),
-            speedup_by_column=by_col,
-            speedup=geomean([v for v in sp.values() if v is not None]),
-            predicted_speedup=geomean([v for v in pr.values() if v is not None]),
-            mean_accepted_length=generated / passes if passes else 0.0,
-            acceptance_rate=accepted / drafted if drafted else None,
-            per_position_acceptance=[a / d if d else 0.0 for a, d in zip(pos_a, pos_d, strict=True)],
-            overhead_fraction=max(0.0, 1.0 - llama / decode) if decode > 0 else 0.0,
-            tokens_per_second=generated / decode if decode > 0 else 0.0,
-            identical=(sum(compared), len(compared)),
-            n_prompts=len(per_prompt),
-        ))
+        rows.append(
+            Row(
+                config=cfg,
+                engine_modes=sorted({r.engine_mode for r in runs}),
+                speedup_by_column=by_col,
+                speedup=geomean([v for v in sp.values() if v is not None]),
+                predicted_speedup=geomean([v for v in pr.values() if v is not None]),
+                mean_accepted_length=generated / passes if passes else 0.0,
+                acceptance_rate=accepted / drafted if drafted else None,
+                per_position_acceptance=[
+                    a / d if d else 0.0 for a, d in zip(pos_a, pos_d, strict=True)
+                ],
+                overhead_fraction=max(0.0, 1.0 - llama / decode) if decode > 0 else 0.0,
+                tokens_per_second=generated / decode if decode > 0 else 0.0,
+                identical=(sum(compared), len(compared)),
+                n_prompts=len(per_prompt),
+            )
+        )
     return rows
 
 
 # -- report ---------------------------------------------------------------------------------
 def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Header and cells, shared by the Rich table and the Markdown file."""
-    head = (["mode", "K"] + [COLUMNS.get(c, c) for c in columns]
-            + ["overall", "predicted", "MAT", "accept", "overhead", "tok/s", "identical"])
+    head = (
+        ["mode", "K"]
+        + [COLUMNS.get(c, c) for c in columns]
+        + ["overall", "predicted", "MAT", "accept", "overhead", "tok/s", "identical"]
+    )
     body: list[list[str]] = []
     for r in rows:
         mode = r.config.mode
         if r.engine_modes and r.engine_modes != [mode]:
             mode += f" ({'/'.join(r.engine_modes)})"
-        same = f"{r.identical[0]}/{r.identical[1]}" if r.identical[1] and r.config.mode != "none" else "-"
+        same = (
+            f"{r.identical[0]}/{r.identical[1]}"
+            if r.identical[1] and r.config.mode != "none"
+            else "-"
+        )
         body.append(
             [mode, str(r.config.draft_max) if r.config.draft_max else "-"]
             + [_x(r.speedup_by_column.get(c)) for c in columns]
-            + [_x(r.speedup), _x(r.predicted_speedup), f"{r.mean_accepted_length:.2f}",
-               "-" if r.acceptance_rate is None else f"{100 * r.acceptance_rate:.0f}%",
-               f"{100 * r.overhead_fraction:.0f}%", f"{r.tokens_per_second:.1f}", same]
+            + [
+                _x(r.speedup),
+                _x(r.predicted_speedup),
+                f"{r.mean_accepted_length:.2f}",
+                "-" if r.acceptance_rate is None else f"{100 * r.acceptance_rate:.0f}%",
+                f"{100 * r.overhead_fraction:.0f}%",
+                f"{r.tokens_per_second:.1f}",
+                same,
+            ]
         )
     return head, body
 
 
-CAPTION = ("speed-up = tok/s over the target alone on the same prompt (median over repeats, "
-           "geometric mean over prompts); predicted = the cost model from measured acceptance "
-           "and pass times; MAT = tokens per target pass; overhead = decode time outside llama.cpp")
+CAPTION = (
+    "speed-up = tok/s over the target alone on the same prompt (median over repeats, "
+    "geometric mean over prompts); predicted = the cost model from measured acceptance "
+    "and pass times; MAT = tokens per target pass; overhead = decode time outside llama.cpp"
+)
 
 
 def markdown(rows: Sequence[Row], columns: Sequence[str], header: str) -> str:
     head, body = table_data(rows, columns)
-    out = [header, "", "| " + " | ".join(head) + " |",
-           "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    out = [
+        header,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
+    ]
     out += ["| " + " | ".join(cells) + " |" for cells in body]
     out += ["", CAPTION + ".", ""]
     return "\n".join(out)
@@ -600,8 +716,10 @@ def machine_info(models: Sequence[Any]) -> dict[str, Any]:
 def to_json(result: BenchResult, rows: Sequence[Row], meta: dict[str, Any]) -> dict[str, Any]:
     return meta | {
         "categories": list(result.columns),
-        "skipped": [{"mode": s.config.mode, "draft_max": s.config.draft_max, "reason": s.reason}
-                    for s in result.skipped],
+        "skipped": [
+            {"mode": s.config.mode, "draft_max": s.config.draft_max, "reason": s.reason}
+            for s in result.skipped
+        ],
         "prompts_skipped": [{"prompt_id": q, "reason": why} for q, why in result.prompts_skipped],
         "interrupted": result.interrupted,
         "wall_seconds": round(result.wall_seconds, 2),
@@ -639,22 +757,45 @@ def plot(rows: Sequence[Row], path: Path, title: str) -> None:
         pts = sorted((r.config.draft_max, r) for r in rows if r.config.mode == mode)
         ks = [k for k, _ in pts]
         col = colors[i % len(colors)]
-        ax1.plot(ks, [r.speedup or float("nan") for _, r in pts], marker="o", color=col, label=f"{mode} measured")
-        ax1.plot(ks, [r.predicted_speedup or float("nan") for _, r in pts], marker="x",
-                 linestyle="--", color=col, alpha=0.7, label=f"{mode} predicted")
+        ax1.plot(
+            ks,
+            [r.speedup or float("nan") for _, r in pts],
+            marker="o",
+            color=col,
+            label=f"{mode} measured",
+        )
+        ax1.plot(
+            ks,
+            [r.predicted_speedup or float("nan") for _, r in pts],
+            marker="x",
+            linestyle="--",
+            color=col,
+            alpha=0.7,
+            label=f"{mode} predicted",
+        )
         for j, (k, r) in enumerate(pts):
             if r.per_position_acceptance:
                 xs = range(1, len(r.per_position_acceptance) + 1)
-                ax2.plot(xs, r.per_position_acceptance, marker=".", color=col,
-                         alpha=0.4 + 0.6 * (j + 1) / len(pts), label=f"{mode} K={k}")
+                ax2.plot(
+                    xs,
+                    r.per_position_acceptance,
+                    marker=".",
+                    color=col,
+                    alpha=0.4 + 0.6 * (j + 1) / len(pts),
+                    label=f"{mode} K={k}",
+                )
     ks_all = sorted({r.config.draft_max for r in rows if r.config.draft_max})
     ax1.set(xlabel="K (--draft-max)", ylabel="speed-up over the target alone", title="speed-up")
     if ks_all:
         ax1.set_xticks(ks_all)
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    ax2.set(xlabel="draft position", ylabel="P(accepted up to this position)",
-            title="per-position acceptance", ylim=(0, 1.02))
+    ax2.set(
+        xlabel="draft position",
+        ylabel="P(accepted up to this position)",
+        title="per-position acceptance",
+        ylim=(0, 1.02),
+    )
     ax2.xaxis.get_major_locator().set_params(integer=True)
     ax2.grid(alpha=0.3)
     if ax2.lines:

@@ -135,8 +135,13 @@ class ChatSession:
                     raise UsageError(f"n must be >= 1, got {n}")
                 self.max_tokens = n
                 return f"max tokens per reply: {n}"
-            conv: dict[str, Callable[[str], Any]] = {"temp": float, "top-k": int, "top-p": float,
-                                                      "min-p": float, "seed": int}
+            conv: dict[str, Callable[[str], Any]] = {
+                "temp": float,
+                "top-k": int,
+                "top-p": float,
+                "min-p": float,
+                "seed": int,
+            }
             if key not in conv:
                 raise UsageError(f"/set: unknown key {key!r} (temp, top-k, top-p, min-p, seed, n)")
             params = replace(self.params, **{key.replace("-", "_"): conv[key](value)})
@@ -149,21 +154,29 @@ class ChatSession:
 
     def settings(self) -> str:
         p = self.params
-        return (f"temp {p.temp}, top-k {p.top_k}, top-p {p.top_p}, min-p {p.min_p}, seed {p.seed}, "
-                f"n {self.max_tokens}; mode {self.engine.mode}, K {self.engine.config.draft_max}, "
-                f"context {self.n_ctx} tokens ({len(self.tokens)} used)")
+        return (
+            f"temp {p.temp}, top-k {p.top_k}, top-p {p.top_p}, min-p {p.min_p}, seed {p.seed}, "
+            f"n {self.max_tokens}; mode {self.engine.mode}, K {self.engine.config.draft_max}, "
+            f"context {self.n_ctx} tokens ({len(self.tokens)} used)"
+        )
 
     # -- prompts --------------------------------------------------------------------------
     def _render(self, messages: list[dict[str, str]]) -> str:
         full = ([{"role": "system", "content": self.system}] if self.system else []) + messages
-        return render_chat(self.engine.target, full, template_kwargs=self.template_kwargs, template=self.template)
+        return render_chat(
+            self.engine.target, full, template_kwargs=self.template_kwargs, template=self.template
+        )
 
-    def build(self, messages: list[dict[str, str]], *, extend: bool = True) -> tuple[list[int], str]:
+    def build(
+        self, messages: list[dict[str, str]], *, extend: bool = True
+    ) -> tuple[list[int], str]:
         """Tokens and text of the prompt for ``messages`` (ending with the new user turn)."""
         text = self._render(messages)
         if extend and self.tokens and self._rendered and text.startswith(self._rendered):
-            tail = text[len(self._rendered):]
-            return self.tokens + self.engine.target.tokenize(tail, add_special=False, parse_special=True), text
+            tail = text[len(self._rendered) :]
+            return self.tokens + self.engine.target.tokenize(
+                tail, add_special=False, parse_special=True
+            ), text
         return tokenize_chat(self.engine.target, text), text
 
     def prepare(self, user_text: str) -> tuple[list[int], str, list[dict[str, str]], int]:
@@ -203,7 +216,8 @@ class ChatSession:
         new_tokens = self.expected_prefill(prompt)
         params = replace(self.params, seed=self.params.seed + self.turn)
         gen: Generator[Step | Result, None, None] = self.engine.generate(  # type: ignore[assignment]
-            prompt, max_tokens=self.max_tokens, params=params, reuse_cache=True)
+            prompt, max_tokens=self.max_tokens, params=params, reuse_cache=True
+        )
         out: list[int] = []
         parts: list[str] = []
         result: Result | None = None
@@ -229,13 +243,37 @@ class ChatSession:
                 self.engine.reset()
                 self.tokens, self._rendered = [], ""
             if state != "error" or out or parts:
-                self._record(user_text, prompt, text, msgs, out, "".join(parts), result, stats,
-                             new_tokens=new_tokens, dropped=dropped, seed=params.seed,
-                             state=state)
+                self._record(
+                    user_text,
+                    prompt,
+                    text,
+                    msgs,
+                    out,
+                    "".join(parts),
+                    result,
+                    stats,
+                    new_tokens=new_tokens,
+                    dropped=dropped,
+                    seed=params.seed,
+                    state=state,
+                )
 
-    def _record(self, user_text: str, prompt: list[int], text: str, msgs: list[dict[str, str]],
-                out: list[int], reply: str, result: Result | None, stats: Any, *, new_tokens: int,
-                dropped: int, seed: int, state: str) -> None:
+    def _record(
+        self,
+        user_text: str,
+        prompt: list[int],
+        text: str,
+        msgs: list[dict[str, str]],
+        out: list[int],
+        reply: str,
+        result: Result | None,
+        stats: Any,
+        *,
+        new_tokens: int,
+        dropped: int,
+        seed: int,
+        state: str,
+    ) -> None:
         self.messages = [*msgs, {"role": "assistant", "content": reply}]
         if state != "error":  # after an error the caches were emptied and tokens forgotten
             full = prompt + out
@@ -244,13 +282,21 @@ class ChatSession:
         finish = result.finish_reason if result is not None else "interrupted"
         st = result.stats if result is not None else stats
         last: dict[str, Any] = dict(st.to_dict()) if st is not None else {}
-        last.update(prompt_tokens=len(prompt), new_tokens=new_tokens, generated_tokens=len(out),
-                    finish_reason=finish, interrupted=interrupted, dropped_exchanges=dropped,
-                    seed=seed, mode=self.engine.mode)
+        last.update(
+            prompt_tokens=len(prompt),
+            new_tokens=new_tokens,
+            generated_tokens=len(out),
+            finish_reason=finish,
+            interrupted=interrupted,
+            dropped_exchanges=dropped,
+            seed=seed,
+            mode=self.engine.mode,
+        )
         self.last = last
         self.transcript.append({"role": "user", "content": user_text})
-        self.transcript.append({"role": "assistant", "content": reply, "finish_reason": finish,
-                                "stats": last})
+        self.transcript.append(
+            {"role": "assistant", "content": reply, "finish_reason": finish, "stats": last}
+        )
         self.turn += 1
 
 
@@ -280,8 +326,9 @@ def read_message(read_line: Callable[[str], str], prompt: str = ">>> ", cont: st
     return "\n".join(lines)
 
 
-def handle_command(session: ChatSession, line: str, say: Callable[[str], None],
-                   out: Callable[[str], None]) -> bool:
+def handle_command(
+    session: ChatSession, line: str, say: Callable[[str], None], out: Callable[[str], None]
+) -> bool:
     """Run a /command; ``say`` for messages (stderr), ``out`` for data (stdout). Returns False
     to leave the chat."""
     name, _, arg = line.strip().partition(" ")
@@ -295,7 +342,11 @@ def handle_command(session: ChatSession, line: str, say: Callable[[str], None],
         say("conversation cleared")
     elif name == "/system":
         if not arg:
-            say(f"system message: {session.system!r}" if session.system else "no system message (the template's default applies)")
+            say(
+                f"system message: {session.system!r}"
+                if session.system
+                else "no system message (the template's default applies)"
+            )
         else:
             session.set_system(None if arg == "-" else arg)
             say("system message cleared" if arg == "-" else "system message set")

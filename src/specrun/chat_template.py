@@ -24,8 +24,6 @@ def parse_kwargs(text: str | None, flag: str = "--chat-template-kwargs") -> dict
     return obj
 
 
-
-
 def _special_text(model: Any, token: int) -> str:
     return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
 
@@ -44,8 +42,12 @@ def render_chat(
     if not source:
         raise TemplateError(f"{model.path.name} has no chat template")
     return render(
-        source, messages, bos_token=_special_text(model, model.bos), eos_token=_special_text(model, model.eos),
-        add_generation_prompt=add_generation_prompt, **(template_kwargs or {}),
+        source,
+        messages,
+        bos_token=_special_text(model, model.bos),
+        eos_token=_special_text(model, model.eos),
+        add_generation_prompt=add_generation_prompt,
+        **(template_kwargs or {}),
     )
 
 
@@ -67,13 +69,21 @@ def encode_chat(
     template: str | None = None,
 ) -> list[int]:
     """The tokens of ``messages`` for ``model``: render_chat, then tokenize_chat."""
-    text = render_chat(model, messages, add_generation_prompt=add_generation_prompt,
-                       template_kwargs=template_kwargs, template=template)
+    text = render_chat(
+        model,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        template_kwargs=template_kwargs,
+        template=template,
+    )
     return tokenize_chat(model, text)
 
 
 def encode_prompt(
-    model: Any, text: str, chat: bool | None, system: str | None = None,
+    model: Any,
+    text: str,
+    chat: bool | None,
+    system: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[int], bool]:
     """A prompt's tokens: through the chat template (the default when the model has one, or when
@@ -85,5 +95,7 @@ def encode_prompt(
         return list(model.tokenize(text, add_special=True, parse_special=True)), False
     if not model.chat_template():
         raise UsageError(f"{model.path.name} has no chat template; use --raw")
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": text}
+    ]
     return encode_chat(model, messages, template_kwargs=template_kwargs), True

@@ -42,9 +42,15 @@ class ModelOptions:
     lookup_draft_max: int = defaults.LOOKUP_DRAFT_MAX
     ngl: int = -1  # -1: the layers that fit (--ngl auto); options.NGL_ALL: all of them
     ngl_draft: int = -1
-    rpc: str | None = None  # HOST:PORT[,HOST:PORT...]: llama.cpp RPC workers for the target's layers
-    rpc_draft: bool = False  # the draft's layers on the workers too (default: the draft stays local)
-    tensor_split: str | None = None  # shares of the offloaded layers per device, "3,1" (llama.cpp's -ts)
+    rpc: str | None = (
+        None  # HOST:PORT[,HOST:PORT...]: llama.cpp RPC workers for the target's layers
+    )
+    rpc_draft: bool = (
+        False  # the draft's layers on the workers too (default: the draft stays local)
+    )
+    tensor_split: str | None = (
+        None  # shares of the offloaded layers per device, "3,1" (llama.cpp's -ts)
+    )
     ctx: int = DEFAULT_CTX
     ctx_draft: int | None = None  # None: same as the target's
     threads: int | None = None
@@ -80,8 +86,10 @@ class ModelOptions:
         from specrun.models.memory import CACHE_TYPES, cache_type_id
 
         types: list[tuple[str, str | None]] = [
-            ("--cache-type-k", self.cache_type_k), ("--cache-type-v", self.cache_type_v),
-            ("--cache-type-k-draft", self.cache_type_k_draft), ("--cache-type-v-draft", self.cache_type_v_draft),
+            ("--cache-type-k", self.cache_type_k),
+            ("--cache-type-v", self.cache_type_v),
+            ("--cache-type-k-draft", self.cache_type_k_draft),
+            ("--cache-type-v-draft", self.cache_type_v_draft),
         ]
         for flag, name in types:
             if name is not None:
@@ -89,11 +97,15 @@ class ModelOptions:
         if self.flash_attn.lower() == "off":
             for flag, name in (types[1], types[3]):
                 if name is not None and CACHE_TYPES[name.lower()][2] > 1:
-                    raise UsageError(f"{flag} {name} needs flash attention: drop --flash-attn off or use f16")
+                    raise UsageError(
+                        f"{flag} {name} needs flash attention: drop --flash-attn off or use f16"
+                    )
         self.rpc_endpoints()
         self.tensor_split_shares()
         if self.rpc_draft and not self.rpc:
-            raise UsageError("--rpc-draft puts the draft on the --rpc workers: give --rpc HOST:PORT too")
+            raise UsageError(
+                "--rpc-draft puts the draft on the --rpc workers: give --rpc HOST:PORT too"
+            )
         self.spec_config(DEFAULT_DRAFT_MAX).validate()
 
     def rpc_endpoints(self, draft: bool = False) -> tuple[str, ...]:
@@ -112,9 +124,13 @@ class ModelOptions:
         try:
             shares = tuple(float(p) for p in parts)
         except ValueError:
-            raise UsageError(f"--tensor-split takes numbers like 3,1; got {self.tensor_split!r}") from None
+            raise UsageError(
+                f"--tensor-split takes numbers like 3,1; got {self.tensor_split!r}"
+            ) from None
         if any(not (x >= 0 and x < float("inf")) for x in shares) or not any(shares):
-            raise UsageError(f"--tensor-split shares must be >= 0 and not all 0; got {self.tensor_split!r}")
+            raise UsageError(
+                f"--tensor-split shares must be >= 0 and not all 0; got {self.tensor_split!r}"
+            )
         return shares
 
     def load_options(self, draft: bool) -> Any:
@@ -158,7 +174,9 @@ class ModelOptions:
     def spec_config(self, pair_draft_max: int | None) -> SpecConfig:
         return SpecConfig(
             mode=self.mode,
-            draft_max=self.draft_max if self.draft_max is not None else self.default_draft_max(pair_draft_max),
+            draft_max=self.draft_max
+            if self.draft_max is not None
+            else self.default_draft_max(pair_draft_max),
             draft_min=self.draft_min,
             draft_p_min=self.draft_p_min,
             verify=self.verify,
@@ -190,12 +208,15 @@ class Loaded:
             m.close()
 
 
-def plan(opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None, pull: bool = True) -> Plan:
+def plan(
+    opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None, pull: bool = True
+) -> Plan:
     """Resolve -m/-md/--pair to local files (pulling registry models that are missing, unless
     ``pull`` is False: then a missing model is an error)."""
     uses_draft = opts.mode not in ("none", "lookup")
     if opts.pair and opts.model:
         raise UsageError("give either --pair or -m/--model, not both")
+
     def resolve(spec: str, hf_file: str | None) -> ResolvedModel:
         if hf_file:
             from specrun.models.hub import parse_hub_spec
@@ -234,7 +255,9 @@ def _prevalidate(path: Path) -> Any:
     return validate_gguf(path)
 
 
-def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> tuple[list[Any], list[str]]:
+def memory_plan(
+    p: Plan, opts: ModelOptions, infos: list[Any] | None = None
+) -> tuple[list[Any], list[str]]:
     """The memory each model of the plan will take where, decided before loading (or refused)."""
     from specrun.llama.backend import gpu_free_memory
     from specrun.llama.rpc import worker_free_memory
@@ -248,13 +271,18 @@ def memory_plan(p: Plan, opts: ModelOptions, infos: list[Any] | None = None) -> 
         type_k = (opts.cache_type_k_draft or opts.cache_type_k) if is_draft else opts.cache_type_k
         type_v = (opts.cache_type_v_draft or opts.cache_type_v) if is_draft else opts.cache_type_v
         placement = memory.Placement(
-            n_ctx=lo.n_ctx, n_ubatch=lo.n_batch, type_k=type_k.lower(), type_v=type_v.lower(),
+            n_ctx=lo.n_ctx,
+            n_ubatch=lo.n_batch,
+            type_k=type_k.lower(),
+            type_v=type_v.lower(),
             flash_attn=bool(lo.flash_attn) or memory.CACHE_TYPES[type_v.lower()][2] > 1,
             n_outputs=lo.n_outputs_max or lo.n_batch,
         )
         ngl = opts.ngl_draft if is_draft else opts.ngl
         flag = "--ngl-draft" if is_draft else "--ngl"
-        items.append((r.name, memory.ModelShape.from_gguf(info, target=not is_draft), placement, ngl, flag))
+        items.append(
+            (r.name, memory.ModelShape.from_gguf(info, target=not is_draft), placement, ngl, flag)
+        )
     local = gpu_free_memory()
     if not opts.rpc:
         return memory.plan_memory(items, memory.host_memory(), local, check=opts.mem_check)
@@ -301,11 +329,17 @@ def load(
             say(f"loading {p.draft.name}")
             draft = Model(p.draft.path, load_opts(1), verbose=opts.verbose)
             models.append(draft)
-            bad = compat.problems(target.vocab_facts(), draft.vocab_facts(), target.token_text, draft.token_text)
+            bad = compat.problems(
+                target.vocab_facts(), draft.vocab_facts(), target.token_text, draft.token_text
+            )
             if bad:
                 raise IncompatiblePairError(
                     f"{p.draft.name} cannot draft for {p.target.name}: {bad[0]}"
-                    + (f" (and {len(bad) - 1} more: see `specrun models check`)" if len(bad) > 1 else "")
+                    + (
+                        f" (and {len(bad) - 1} more: see `specrun models check`)"
+                        if len(bad) > 1
+                        else ""
+                    )
                 )
         engine = Engine(target, draft, opts.spec_config(p.pair_draft_max))
         if opts.calibrate and isinstance(engine.policy, AutoPolicy):
@@ -350,4 +384,13 @@ def describe(r: ResolvedModel | None) -> dict[str, str] | None:
     return None if r is None else {"name": r.name, "path": str(r.path)}
 
 
-__all__ = ["ModelOptions", "Plan", "Loaded", "plan", "load", "load_engine", "describe", "ModelError"]
+__all__ = [
+    "ModelOptions",
+    "Plan",
+    "Loaded",
+    "plan",
+    "load",
+    "load_engine",
+    "describe",
+    "ModelError",
+]

@@ -25,18 +25,80 @@ def register(app: typer.Typer) -> None:
 @sampling_options()
 @model_options(exclude=("mode", "draft_max", "lookup_cache"))
 def bench(
-    suite: Annotated[str, typer.Option("--suite", help="'builtin' or a Spec-Bench JSON-lines file (question_id, category, turns).")] = "builtin",
-    modes: Annotated[str, typer.Option("--modes", help="Comma list of modes to compare with the target alone (none always runs).", rich_help_panel="Speculation")] = "none,draft,lookup,auto",
-    draft_max: Annotated[str, typer.Option("--draft-max", help="K values to sweep, comma list.", rich_help_panel="Speculation")] = "2,4,8",
-    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate per run at most.")] = 128,
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs per configuration and prompt (medians are reported).")] = 3,
-    limit: Annotated[int | None, typer.Option("--limit", help="The first N prompts of each category.")] = None,
-    categories: Annotated[str | None, typer.Option("--categories", help="Only these categories (comma list).")] = None,
-    all_turns: Annotated[bool, typer.Option("--all-turns", help="Every turn of multi-turn prompts (the next turn follows the baseline's reply).")] = False,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unmeasured run per configuration first.")] = True,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write every run and the summary to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
-    md_out: Annotated[Path | None, typer.Option("--md", help="Write the table as Markdown to FILE.", dir_okay=False, rich_help_panel="Output")] = None,
-    plot_out: Annotated[Path | None, typer.Option("--plot", help="Draw speed-up vs K and per-position acceptance to FILE.png (needs matplotlib).", dir_okay=False, rich_help_panel="Output")] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            "--suite",
+            help="'builtin' or a Spec-Bench JSON-lines file (question_id, category, turns).",
+        ),
+    ] = "builtin",
+    modes: Annotated[
+        str,
+        typer.Option(
+            "--modes",
+            help="Comma list of modes to compare with the target alone (none always runs).",
+            rich_help_panel="Speculation",
+        ),
+    ] = "none,draft,lookup,auto",
+    draft_max: Annotated[
+        str,
+        typer.Option(
+            "--draft-max", help="K values to sweep, comma list.", rich_help_panel="Speculation"
+        ),
+    ] = "2,4,8",
+    max_tokens: Annotated[
+        int, typer.Option("-n", "--max-tokens", help="Tokens to generate per run at most.")
+    ] = 128,
+    repeats: Annotated[
+        int,
+        typer.Option("--repeats", help="Runs per configuration and prompt (medians are reported)."),
+    ] = 3,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="The first N prompts of each category.")
+    ] = None,
+    categories: Annotated[
+        str | None, typer.Option("--categories", help="Only these categories (comma list).")
+    ] = None,
+    all_turns: Annotated[
+        bool,
+        typer.Option(
+            "--all-turns",
+            help="Every turn of multi-turn prompts (the next turn follows the baseline's reply).",
+        ),
+    ] = False,
+    warmup: Annotated[
+        bool,
+        typer.Option(
+            "--warmup/--no-warmup", help="One short unmeasured run per configuration first."
+        ),
+    ] = True,
+    json_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            help="Write every run and the summary to FILE.",
+            dir_okay=False,
+            rich_help_panel="Output",
+        ),
+    ] = None,
+    md_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--md",
+            help="Write the table as Markdown to FILE.",
+            dir_okay=False,
+            rich_help_panel="Output",
+        ),
+    ] = None,
+    plot_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Draw speed-up vs K and per-position acceptance to FILE.png (needs matplotlib).",
+            dir_okay=False,
+            rich_help_panel="Output",
+        ),
+    ] = None,
     opts: Any = None,
     params: Any = None,
 ) -> None:
@@ -46,9 +108,9 @@ def bench(
     streams = Streams.detect()
     mode_list = B.parse_modes(modes)
     ks = B.parse_ks(draft_max)
-    settings = B.BenchSettings(max_tokens=max_tokens, repeats=repeats,
-                               params=params,
-                               all_turns=all_turns, warmup=warmup)
+    settings = B.BenchSettings(
+        max_tokens=max_tokens, repeats=repeats, params=params, all_turns=all_turns, warmup=warmup
+    )
     settings.validate()
     where, prompts = B.load_suite(suite)
     cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
@@ -56,17 +118,26 @@ def bench(
     if plot_out is not None:
         B.check_plot_available()
     # The loader loads a draft model unless it is told the mode needs none.
-    opts = replace(opts, mode="auto" if B.needs_draft_model(mode_list) else "none", draft_max=max(ks))
+    opts = replace(
+        opts, mode="auto" if B.needs_draft_model(mode_list) else "none", draft_max=max(ks)
+    )
     opts.validate()
     err = err_console()
     loaded = load_engine(opts, streams)
     try:
         target = loaded.engine.target
         draft = loaded.engine.draft_model.model if loaded.engine.draft_model is not None else None
-        engines, skipped = B.build_engines(target, draft, B.configs_for(mode_list, ks), ks,
-                                           draft_min=opts.draft_min, draft_p_min=opts.draft_p_min,
-                                           verify=opts.verify, lookup_min=opts.lookup_min,
-                                           lookup_max=opts.lookup_max)
+        engines, skipped = B.build_engines(
+            target,
+            draft,
+            B.configs_for(mode_list, ks),
+            ks,
+            draft_min=opts.draft_min,
+            draft_p_min=opts.draft_p_min,
+            verify=opts.verify,
+            lookup_min=opts.lookup_min,
+            lookup_max=opts.lookup_max,
+        )
         for mode, reason in _group_skips(skipped).items():
             print(f"specrun: skipping --mode {mode}: {reason}", file=sys.stderr)
 
@@ -83,12 +154,16 @@ def bench(
         result.skipped = skipped
         rows = B.summarize(result)
 
-        names = f"{loaded.plan.target.name}" + (f" + {loaded.plan.draft.name}" if loaded.plan.draft is not None else "")
+        names = f"{loaded.plan.target.name}" + (
+            f" + {loaded.plan.draft.name}" if loaded.plan.draft is not None else ""
+        )
         n_prompts = len({(r.prompt_id, r.turn) for r in result.runs})
-        title = (f"specrun bench: {names}; {where}, {n_prompts} prompts, -n {max_tokens}, "
-                 f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {params.temp:g}"
-                 + ("" if settings.params.greedy else f", seed {settings.params.seed}")
-                 + f"; {result.wall_seconds:.0f} s")
+        title = (
+            f"specrun bench: {names}; {where}, {n_prompts} prompts, -n {max_tokens}, "
+            f"{repeats} repeat{'s' if repeats > 1 else ''}, temp {params.temp:g}"
+            + ("" if settings.params.greedy else f", seed {settings.params.seed}")
+            + f"; {result.wall_seconds:.0f} s"
+        )
 
         out = console(stderr=False, file=sys.stdout, width=None if streams.stdout_tty else 200)
         out.print(rich_table(rows, result.columns, title=title))
@@ -104,20 +179,39 @@ def bench(
 
             meta = {
                 "suite": where,
-                "settings": {"modes": mode_list, "draft_max": ks, "max_tokens": max_tokens,
-                             "repeats": repeats, "limit": limit, "categories": cats,
-                             "all_turns": all_turns, "warmup": warmup,
-                             "draft_min": opts.draft_min, "draft_p_min": opts.draft_p_min,
-                             "verify": opts.verify, "lookup_min": opts.lookup_min,
-                             "lookup_max": opts.lookup_max, "ctx": opts.ctx, "sampling": settings.params.as_dict()},
-                "models": {"target": describe(loaded.plan.target), "draft": describe(loaded.plan.draft)},
+                "settings": {
+                    "modes": mode_list,
+                    "draft_max": ks,
+                    "max_tokens": max_tokens,
+                    "repeats": repeats,
+                    "limit": limit,
+                    "categories": cats,
+                    "all_turns": all_turns,
+                    "warmup": warmup,
+                    "draft_min": opts.draft_min,
+                    "draft_p_min": opts.draft_p_min,
+                    "verify": opts.verify,
+                    "lookup_min": opts.lookup_min,
+                    "lookup_max": opts.lookup_max,
+                    "ctx": opts.ctx,
+                    "sampling": settings.params.as_dict(),
+                },
+                "models": {
+                    "target": describe(loaded.plan.target),
+                    "draft": describe(loaded.plan.draft),
+                },
                 "machine": machine,
             }
-            _write(json_out, json.dumps(B.to_json(result, rows, meta), indent=1, ensure_ascii=False) + "\n")
+            _write(
+                json_out,
+                json.dumps(B.to_json(result, rows, meta), indent=1, ensure_ascii=False) + "\n",
+            )
         if md_out is not None:
-            header = (f"# {title}\n\n{machine['cpu']}, {machine['physical_cores']} cores, "
-                      f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}"
-                      + (f"\n\n**Warning:** {busy}." if busy else ""))
+            header = (
+                f"# {title}\n\n{machine['cpu']}, {machine['physical_cores']} cores, "
+                f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}"
+                + (f"\n\n**Warning:** {busy}." if busy else "")
+            )
             _write(md_out, B.markdown(rows, result.columns, header))
         if plot_out is not None:
             B.plot(rows, plot_out, title)
@@ -144,12 +238,25 @@ def _write(path: Path, text: str) -> None:
     print(f"specrun: wrote {path}", file=sys.stderr)
 
 
-def _run_with_progress(B: Any, engines: Any, prompts: Any, encode: Any, settings: Any,
-                       total: int, streams: Streams, err: Any) -> Any:
+def _run_with_progress(
+    B: Any,
+    engines: Any,
+    prompts: Any,
+    encode: Any,
+    settings: Any,
+    total: int,
+    streams: Streams,
+    err: Any,
+) -> Any:
     """The runner under a Rich progress bar on stderr (a terminal only, as the contract says)."""
     if not streams.stderr_tty:
-        return B.run_bench(engines, prompts, encode, settings,
-                           warn=lambda m: print(f"specrun: {m}", file=sys.stderr))
+        return B.run_bench(
+            engines,
+            prompts,
+            encode,
+            settings,
+            warn=lambda m: print(f"specrun: {m}", file=sys.stderr),
+        )
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -159,9 +266,16 @@ def _run_with_progress(B: Any, engines: Any, prompts: Any, encode: Any, settings
         TimeRemainingColumn,
     )
 
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-                  TimeRemainingColumn(), console=err, transient=True) as bar:
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task("bench", total=total)
         started = [False]
 
@@ -171,8 +285,14 @@ def _run_with_progress(B: Any, engines: Any, prompts: Any, encode: Any, settings
             started[0] = True
             bar.update(task, description=desc)
 
-        result = B.run_bench(engines, prompts, encode, settings, progress=tick,
-                             warn=lambda m: err.print(f"specrun: {m}"))
+        result = B.run_bench(
+            engines,
+            prompts,
+            encode,
+            settings,
+            progress=tick,
+            warn=lambda m: err.print(f"specrun: {m}"),
+        )
         bar.update(task, completed=total)
     return result
 
@@ -183,8 +303,12 @@ def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
     head, body = B.table_data(rows, columns)
     t = Table(title=title, title_justify="left", caption=B.CAPTION, caption_justify="left")
     for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True,
-                     style="bold" if h == "overall" else None)
+        t.add_column(
+            h,
+            justify="left" if i == 0 else "right",
+            no_wrap=True,
+            style="bold" if h == "overall" else None,
+        )
     for cells in body:
         t.add_row(*cells)
     return t

@@ -72,12 +72,41 @@ def register(app: typer.Typer) -> None:
     @model_options()
     def chat(
         system: Annotated[str | None, typer.Option("--system", help="System message.")] = None,
-        template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
-        max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens per reply at most.")] = 512,
-        live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer while a reply streams (default: on a terminal).")] = None,
-        color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
-        stats: Annotated[bool, typer.Option("--stats", help="A one-line summary on stderr after each reply.")] = False,
-        history: Annotated[Path | None, typer.Option("--history", help="Line history file (default: STATE_DIR/chat_history; '-' = none).")] = None,
+        template_kwargs: Annotated[
+            str | None,
+            typer.Option(
+                "--chat-template-kwargs",
+                metavar="JSON",
+                help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
+                envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
+            ),
+        ] = None,
+        max_tokens: Annotated[
+            int, typer.Option("-n", "--max-tokens", help="Tokens per reply at most.")
+        ] = 512,
+        live: Annotated[
+            bool | None,
+            typer.Option(
+                "--live/--no-live",
+                help="Live acceptance footer while a reply streams (default: on a terminal).",
+            ),
+        ] = None,
+        color: Annotated[
+            bool | None,
+            typer.Option(
+                "--color/--no-color",
+                help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).",
+            ),
+        ] = None,
+        stats: Annotated[
+            bool, typer.Option("--stats", help="A one-line summary on stderr after each reply.")
+        ] = False,
+        history: Annotated[
+            Path | None,
+            typer.Option(
+                "--history", help="Line history file (default: STATE_DIR/chat_history; '-' = none)."
+            ),
+        ] = None,
         opts: Any = None,
         params: Any = None,
     ) -> None:
@@ -96,15 +125,34 @@ def register(app: typer.Typer) -> None:
         streams = Streams.detect()
         loaded = load_engine(opts, streams)
         try:
-            _run(loaded, params, max_tokens, system, live, color, stats, streams,
-                 None if str(history) == "-" else (history or state_dir() / "chat_history"), extra)
+            _run(
+                loaded,
+                params,
+                max_tokens,
+                system,
+                live,
+                color,
+                stats,
+                streams,
+                None if str(history) == "-" else (history or state_dir() / "chat_history"),
+                extra,
+            )
         finally:
             loaded.close()
 
 
-def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bool | None,
-         color: bool | None, stats: bool, streams: Streams, history: Path | None,
-         template_kwargs: dict[str, Any] | None = None) -> None:
+def _run(
+    loaded: Any,
+    params: Any,
+    max_tokens: int,
+    system: str | None,
+    live: bool | None,
+    color: bool | None,
+    stats: bool,
+    streams: Streams,
+    history: Path | None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> None:
     from specrun.chat import ChatSession, handle_command, read_message
     from specrun.cli.display import make_sink
     from specrun.session import describe
@@ -120,14 +168,27 @@ def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bo
         print(msg, flush=True)
 
     info = {"target": describe(loaded.plan.target), "draft": describe(loaded.plan.draft)}
-    session = ChatSession(engine, params=params, max_tokens=max_tokens, system=system,
-                          notice=lambda m: say(f"specrun: {m}"), info=info, template_kwargs=template_kwargs)
+    session = ChatSession(
+        engine,
+        params=params,
+        max_tokens=max_tokens,
+        system=system,
+        notice=lambda m: say(f"specrun: {m}"),
+        info=info,
+        template_kwargs=template_kwargs,
+    )
     if streams.stderr_tty:
-        draft = f" + draft {loaded.plan.draft.name}" if loaded.plan.draft and engine.mode != "none" else ""
+        draft = (
+            f" + draft {loaded.plan.draft.name}"
+            if loaded.plan.draft and engine.mode != "none"
+            else ""
+        )
         k = f" K={engine.config.draft_max}" if engine.mode != "none" else ""
-        say(f"specrun chat: {loaded.plan.target.name}{draft} · mode {engine.mode}{k} · "
+        say(
+            f"specrun chat: {loaded.plan.target.name}{draft} · mode {engine.mode}{k} · "
             f"temp {params.temp} · seed {params.seed} · context {session.n_ctx}\n"
-            '/help for commands, """ or a trailing \\ for multi-line input, Ctrl-C stops a reply, Ctrl-D exits')
+            '/help for commands, """ or a trailing \\ for multi-line input, Ctrl-C stops a reply, Ctrl-D exits'
+        )
 
     rl = _setup_readline(history) if stdin_tty else None
     use_prompt = stdin_tty and streams.stdout_tty
@@ -170,12 +231,29 @@ def _run(loaded: Any, params: Any, max_tokens: int, system: str | None, live: bo
         _save_history(rl, history)
 
 
-def _reply(session: Any, text: str, make_sink: Any, result_type: Any, live: bool | None,
-           color: bool | None, stats: bool, streams: Streams, say: Any) -> None:
+def _reply(
+    session: Any,
+    text: str,
+    make_sink: Any,
+    result_type: Any,
+    live: bool | None,
+    color: bool | None,
+    stats: bool,
+    streams: Streams,
+    say: Any,
+) -> None:
     engine = session.engine
-    sink = make_sink(live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
-                     summary="line" if stats else "none", draft_max=engine.config.draft_max, lookup_max=engine.k_cap,
-                     mode=engine.mode, piece=engine.target.piece)
+    sink = make_sink(
+        live=live,
+        color=color,
+        stdout_tty=streams.stdout_tty,
+        stderr_tty=streams.stderr_tty,
+        summary="line" if stats else "none",
+        draft_max=engine.config.draft_max,
+        lookup_max=engine.k_cap,
+        mode=engine.mode,
+        piece=engine.target.piece,
+    )
     gen = session.respond(text)
     guard = _SigintGuard()
     reply = ""

@@ -87,4 +87,6 @@ def load_engine(opts: Any, streams: Streams) -> session.Loaded:
         if progress is not None:
             progress.close()
     with spinner(streams.stderr_tty, f"loading {plan.target.name}") as say:
-        return session.load(plan, opts, status=say, warn=lambda line: print(f"specrun: {line}", file=sys.stderr))
+        return session.load(
+            plan, opts, status=say, warn=lambda line: print(f"specrun: {line}", file=sys.stderr)
+        )

@@ -179,7 +179,7 @@ class TokenSpans:
                 break
             run = self._runs[0]
             n = min(run[1], len(text) - i)
-            out.append((text[i:i + n], run[0]))
+            out.append((text[i : i + n], run[0]))
             i += n
             run[1] -= n
             if run[1] == 0:
@@ -262,14 +262,20 @@ def render_summary(result: Result, draft_max: int | None = None, width: int = 90
     head = Table.grid(padding=(0, 2))
     head.add_column(style="dim")
     head.add_column()
-    head.add_row("generated", f"{s.generated} tokens in {s.decode_seconds:.2f} s · "
-                 f"[bold]{s.tokens_per_second:.1f} tok/s[/] · finish {result.finish_reason}")
+    head.add_row(
+        "generated",
+        f"{s.generated} tokens in {s.decode_seconds:.2f} s · "
+        f"[bold]{s.tokens_per_second:.1f} tok/s[/] · finish {result.finish_reason}",
+    )
     head.add_row("prefill", f"{s.prefill_tokens} tokens in {s.prefill_seconds:.2f} s")
     k_txt = f" K={draft_max}" if draft_max and result.mode != "none" else ""
     head.add_row("mode", f"{result.mode}{k_txt} · seed {result.seed}")
     if s.drafted:
-        head.add_row("acceptance", f"[bold]{100 * s.acceptance_rate:.1f}%[/] ({s.accepted}/{s.drafted} drafted) · "
-                     f"{s.mean_accepted_length:.2f} tokens per target pass ({s.target_passes} passes)")
+        head.add_row(
+            "acceptance",
+            f"[bold]{100 * s.acceptance_rate:.1f}%[/] ({s.accepted}/{s.drafted} drafted) · "
+            f"{s.mean_accepted_length:.2f} tokens per target pass ({s.target_passes} passes)",
+        )
     else:
         head.add_row("acceptance", f"no drafts · {s.target_passes} target passes")
     if s.decode_seconds > 0:
@@ -291,9 +297,17 @@ def render_summary(result: Result, draft_max: int | None = None, width: int = 90
         for i in range(max(len(rates), len(hist))):
             row: list[RenderableType] = ["", "", ""]
             if i < len(rates):
-                row = [str(i + 1), Text(hbar(rates[i], bw), style=DRAFT_STYLE), f"{100 * rates[i]:.0f}%"]
+                row = [
+                    str(i + 1),
+                    Text(hbar(rates[i], bw), style=DRAFT_STYLE),
+                    f"{100 * rates[i]:.0f}%",
+                ]
             if i < len(hist):
-                row += [str(i), Text(hbar(hist[i] / top if top else 0, bw), style=TARGET_STYLE), str(hist[i])]
+                row += [
+                    str(i),
+                    Text(hbar(hist[i] / top if top else 0, bw), style=TARGET_STYLE),
+                    str(hist[i]),
+                ]
             else:
                 row += ["", "", ""]
             grid.add_row(*row)
@@ -301,7 +315,9 @@ def render_summary(result: Result, draft_max: int | None = None, width: int = 90
     if s.modes_used and len(s.modes_used) > 1:
         used = ", ".join(f"{m} ×{n}" for m, n in sorted(s.modes_used.items()))
         parts += [Text(f"passes by drafter:K  {used}", style="dim")]
-    return Panel(Group(*parts), title="specrun", title_align="left", expand=False, border_style="dim")
+    return Panel(
+        Group(*parts), title="specrun", title_align="left", expand=False, border_style="dim"
+    )
 
 
 # -- the live display --------------------------------------------------------------------------
@@ -346,8 +362,9 @@ class LiveDisplay:
         self._text_interval = 1.0 / text_hz
         self._footer_interval = 1.0 / footer_hz
         self._clock = clock
-        self.console: Console = console(file=self.err, force_terminal=True, no_color=not color,
-                                        emoji=False, width=width)
+        self.console: Console = console(
+            file=self.err, force_terminal=True, no_color=not color, emoji=False, width=width
+        )
         cs = self.console._color_system if color else None
         styles = {True: Style.parse(DRAFT_STYLE), False: Style.parse(TARGET_STYLE)}
         self._sgr: dict[bool, tuple[str, str]] = {}
@@ -552,7 +569,9 @@ class LiveDisplay:
     def _redraw(self, now: float) -> None:
         if self._line_cells > self._cols():
             self._commit_full_rows()  # the terminal got narrower
-        if self._stats is not None and (now - self._last_footer >= self._footer_interval or not self._footer_lines):
+        if self._stats is not None and (
+            now - self._last_footer >= self._footer_interval or not self._footer_lines
+        ):
             self._footer_lines = self._render_lines()
             self._last_footer = now
         lines = ([self._ansi(self._line)] if self.text_on_terminal else []) + self._footer_lines
@@ -562,8 +581,14 @@ class LiveDisplay:
 
     def _render_lines(self) -> list[str]:
         assert self._stats is not None
-        footer = render_footer(self._stats, drafter=self._drafter, k=self._k, draft_max=self.draft_max,
-                               legend=self.text_on_terminal and self.color, lookup_max=self.lookup_max)
+        footer = render_footer(
+            self._stats,
+            drafter=self._drafter,
+            k=self._k,
+            draft_max=self.draft_max,
+            legend=self.text_on_terminal and self.color,
+            lookup_max=self.lookup_max,
+        )
         with self.console.capture() as cap:
             self.console.print(footer, width=self._cols(), crop=True, no_wrap=True, overflow="crop")
         return cap.get().rstrip("\n").split("\n")

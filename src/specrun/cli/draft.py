@@ -162,7 +162,13 @@ def make(
     repeats: ProbeRepeats = ProbeSettings.repeats,
     threads: ProbeThreads = None,
     ngl: Annotated[
-        str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU while probing (N, auto or all; -1 = all).")
+        str,
+        typer.Option(
+            "--ngl",
+            "-ngl",
+            metavar="N|auto|all",
+            help="Layers offloaded to the GPU while probing (N, auto or all; -1 = all).",
+        ),
     ] = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object for scripts.")

@@ -44,8 +44,12 @@ def _hint_while_stdin_is_silent(wait: float = 5.0) -> None:
     except (OSError, ValueError):
         return
     if not ready:
-        print("specrun: reading the text piped on stdin (it goes before the prompt; "
-              "</dev/null for none)", file=sys.stderr, flush=True)
+        print(
+            "specrun: reading the text piped on stdin (it goes before the prompt; "
+            "</dev/null for none)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _read_bytes(where: str, prompt_file: str | None) -> bytes:
@@ -64,7 +68,9 @@ def _read_bytes(where: str, prompt_file: str | None) -> bytes:
 
 def _decode(data: bytes, where: str) -> str:
     if b"\x00" in data:
-        raise UsageError(f"the prompt from {where} looks binary (it has NUL bytes); specrun reads text")
+        raise UsageError(
+            f"the prompt from {where} looks binary (it has NUL bytes); specrun reads text"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -92,7 +98,9 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
                 text = piped + ("" if piped.endswith("\n") else "\n") + prompt
     else:
         if prompt_file is None and sys.stdin.isatty():
-            raise UsageError("no prompt: give PROMPT, --prompt TEXT, -f FILE, or pipe text on stdin")
+            raise UsageError(
+                "no prompt: give PROMPT, --prompt TEXT, -f FILE, or pipe text on stdin"
+            )
         where = "stdin" if prompt_file in (None, "-") else str(prompt_file)
         text = _decode(_read_bytes(where, prompt_file), where)
     if not text.strip():
@@ -104,21 +112,94 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
 @model_options()
 def generate(
     click_ctx: typer.Context,
-    text: Annotated[str | None, typer.Argument(metavar="PROMPT", help="The prompt text (as `llm` and `ollama run` take it); piped stdin goes before it.", show_default=False)] = None,
-    prompt: Annotated[str | None, typer.Option("--prompt", help="The prompt text (piped stdin goes before it).")] = None,
-    prompt_file: Annotated[str | None, typer.Option("-p", "-f", "--prompt-file", "--file", help="Read the prompt from FILE (- = stdin); -f as llama.cpp.")] = None,
-    chat: Annotated[bool | None, typer.Option("--chat/--raw", help="Apply the target's chat template (default when it has one).")] = None,
-    system: Annotated[str | None, typer.Option("--system", help="System message (chat template only).")] = None,
-    template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
-    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")] = 256,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")] = None,
-    n_completions: Annotated[int, typer.Option("-N", "--n-completions", help="Independent completions; completion i uses seed S+i.")] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming.")] = False,
-    json_stream: Annotated[bool, typer.Option("--json-stream", help="Stream JSON lines: one object per target pass (text, tokens, from_draft), then the --json object.")] = False,
-    stats: Annotated[bool, typer.Option("--stats", help="Print the one-line summary on stderr even when it is not a terminal.")] = False,
-    compare: Annotated[bool, typer.Option("--compare", help="Then run the target alone on the same prompt and report the speed-up.")] = False,
-    live: Annotated[bool | None, typer.Option("--live/--no-live", help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).")] = None,
-    color: Annotated[bool | None, typer.Option("--color/--no-color", help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).")] = None,
+    text: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="PROMPT",
+            help="The prompt text (as `llm` and `ollama run` take it); piped stdin goes before it.",
+            show_default=False,
+        ),
+    ] = None,
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", help="The prompt text (piped stdin goes before it).")
+    ] = None,
+    prompt_file: Annotated[
+        str | None,
+        typer.Option(
+            "-p",
+            "-f",
+            "--prompt-file",
+            "--file",
+            help="Read the prompt from FILE (- = stdin); -f as llama.cpp.",
+        ),
+    ] = None,
+    chat: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat/--raw", help="Apply the target's chat template (default when it has one)."
+        ),
+    ] = None,
+    system: Annotated[
+        str | None, typer.Option("--system", help="System message (chat template only).")
+    ] = None,
+    template_kwargs: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template-kwargs",
+            metavar="JSON",
+            help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
+            envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")
+    ] = 256,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop at this text (repeatable).")
+    ] = None,
+    n_completions: Annotated[
+        int,
+        typer.Option(
+            "-N", "--n-completions", help="Independent completions; completion i uses seed S+i."
+        ),
+    ] = 1,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of streaming.")
+    ] = False,
+    json_stream: Annotated[
+        bool,
+        typer.Option(
+            "--json-stream",
+            help="Stream JSON lines: one object per target pass (text, tokens, from_draft), then the --json object.",
+        ),
+    ] = False,
+    stats: Annotated[
+        bool,
+        typer.Option(
+            "--stats", help="Print the one-line summary on stderr even when it is not a terminal."
+        ),
+    ] = False,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Then run the target alone on the same prompt and report the speed-up.",
+        ),
+    ] = False,
+    live: Annotated[
+        bool | None,
+        typer.Option(
+            "--live/--no-live",
+            help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).",
+        ),
+    ] = None,
+    color: Annotated[
+        bool | None,
+        typer.Option(
+            "--color/--no-color",
+            help="Colour accepted draft tokens and the target's own tokens apart (default: on a terminal, unless NO_COLOR).",
+        ),
+    ] = None,
     opts: Any = None,
     params: Any = None,
 ) -> None:
@@ -155,15 +236,28 @@ def generate(
         results: list[Result] = []
         for i in range(n_completions):
             p_i = replace(params, seed=params.seed + i)
-            sink = None if structured else make_sink(
-                live=live, color=color, stdout_tty=streams.stdout_tty, stderr_tty=streams.stderr_tty,
-                summary="full" if show_summary else "none", draft_max=engine.config.draft_max, lookup_max=engine.k_cap,
-                mode=engine.mode, piece=engine.target.piece)
+            sink = (
+                None
+                if structured
+                else make_sink(
+                    live=live,
+                    color=color,
+                    stdout_tty=streams.stdout_tty,
+                    stderr_tty=streams.stderr_tty,
+                    summary="full" if show_summary else "none",
+                    draft_max=engine.config.draft_max,
+                    lookup_max=engine.k_cap,
+                    mode=engine.mode,
+                    piece=engine.target.piece,
+                )
+            )
             if n_completions > 1 and sink is not None and i > 0:
                 sys.stdout.write("\n\n")
             result = None
             with sink if sink is not None else nullcontext():  # the footer is erased on Ctrl-C too
-                for ev in engine.generate(tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()):
+                for ev in engine.generate(
+                    tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()
+                ):
                     if isinstance(ev, Result):
                         result = ev
                     elif sink is not None:
@@ -181,7 +275,11 @@ def generate(
         if compare:
             baseline = _baseline(engine, tokens, max_tokens, params, stop or ())
             r = results[0]
-            speedup = r.stats.tokens_per_second / baseline.stats.tokens_per_second if baseline.stats.tokens_per_second else 0.0
+            speedup = (
+                r.stats.tokens_per_second / baseline.stats.tokens_per_second
+                if baseline.stats.tokens_per_second
+                else 0.0
+            )
             same = "identical" if baseline.tokens == r.tokens else "DIFFERENT"
             print(
                 f"specrun: target alone {baseline.stats.tokens_per_second:.1f} tok/s -> "
@@ -199,15 +297,20 @@ def generate(
                 "draft_max": engine.config.draft_max,
                 # What llama.cpp really took for each model (context size, threads, batch, flash
                 # attention, KV cache types, GPU layers, buffer sizes).
-                "runtime": {role: m.context_params() for role, m in zip(("target", "draft"), loaded.models, strict=False)},
+                "runtime": {
+                    role: m.context_params()
+                    for role, m in zip(("target", "draft"), loaded.models, strict=False)
+                },
             }
             if n_completions == 1:
                 obj = _result_json(results[0]) | obj
             else:
                 obj["completions"] = [_result_json(r) | {"seed": r.seed} for r in results]
             if baseline is not None:
-                obj["baseline"] = {"tokens_per_second": round(baseline.stats.tokens_per_second, 2),
-                                   "identical": baseline.tokens == results[0].tokens}
+                obj["baseline"] = {
+                    "tokens_per_second": round(baseline.stats.tokens_per_second, 2),
+                    "identical": baseline.tokens == results[0].tokens,
+                }
             json_line(({"event": "done"} | obj) if json_stream else obj)
     finally:
         loaded.close()
@@ -244,5 +347,3 @@ def _baseline(engine: Any, tokens: list[int], max_tokens: int, params: Any, stop
     alone = Engine(engine.target, None, SpecConfig(mode="none"))
     engine.reset()
     return alone.run(tokens, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=False)
-
-

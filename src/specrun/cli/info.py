@@ -57,7 +57,9 @@ def build_info() -> dict[str, Any]:
     }
 
 
-def _model_facts(role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any) -> dict[str, Any]:
+def _model_facts(
+    role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any
+) -> dict[str, Any]:
     from specrun.models.hub import quant_tags
 
     ftype = info.get("general.file_type")
@@ -115,7 +117,15 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
         "pair_draft_max": p.pair_draft_max,
         "workers": workers_info(opts),
         "models": [
-            _model_facts("target" if i == 0 else "draft", r.name, r.path, info, ModelShape.from_gguf(info, target=i == 0), pl, opts)
+            _model_facts(
+                "target" if i == 0 else "draft",
+                r.name,
+                r.path,
+                info,
+                ModelShape.from_gguf(info, target=i == 0),
+                pl,
+                opts,
+            )
             for i, (r, info, pl) in enumerate(zip(resolved, infos, planned, strict=True))
         ],
         "memory": {
@@ -127,9 +137,10 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
         },
     }
     if p.draft is not None:
-        with Model(p.target.path, LoadOptions(vocab_only=True)) as t, Model(
-            p.draft.path, LoadOptions(vocab_only=True)
-        ) as d:
+        with (
+            Model(p.target.path, LoadOptions(vocab_only=True)) as t,
+            Model(p.draft.path, LoadOptions(vocab_only=True)) as d,
+        ):
             bad = compat.problems(t.vocab_facts(), d.vocab_facts(), t.token_text, d.token_text)
         out["compatible"] = not bad
         out["problems"] = bad
@@ -158,7 +169,9 @@ def _gib(n: int | float) -> str:
     return gib(n)
 
 
-def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | None, opts: Any) -> str:
+def render_text(
+    b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | None, opts: Any
+) -> str:
     lines = [
         f"specrun {b['specrun']}  ·  llama-cpp-python {b['llama_cpp_python']}",
         f"build     {b['kind']}; backends {', '.join(b['backends'])}; GPU offload "
@@ -166,12 +179,16 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
         f"RPC {'yes (specrun worker, --rpc)' if b.get('rpc') else 'no'}; "
         f"mmap {'yes' if b['mmap'] else 'no'}, mlock {'yes' if b['mlock'] else 'no'}",
         f"cpu flags {b['system_info']}",
-        "exactness " + (
+        "exactness "
+        + (
             "CPU batches are row-exact: a row decoded in a batch gets the logits it gets alone, bit for bit"
-            + ("; batched Q8_0 rows take specrun's multi-column kernel (patches/)"
-               if b["batched_q8_0_kernel"] else "")
-            if b["batch_exact_cpu"] else
-            "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
+            + (
+                "; batched Q8_0 rows take specrun's multi-column kernel (patches/)"
+                if b["batched_q8_0_kernel"]
+                else ""
+            )
+            if b["batch_exact_cpu"]
+            else "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
             "greedy speculation can differ from the target alone at near-ties; rebuild with "
             "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make install does)"
         ),
@@ -184,23 +201,28 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
         f"RAM {_gib(m['ram_total'])} ({_gib(m['ram_available'])} available), swap {_gib(m['swap_free'])} free"
     )
     t_threads = opts.threads or m["default_threads"]
-    lines.append(f"threads   target {t_threads}, draft {opts.threads_draft or t_threads} "
-                 f"(default: physical cores)")
+    lines.append(
+        f"threads   target {t_threads}, draft {opts.threads_draft or t_threads} "
+        f"(default: physical cores)"
+    )
     if models is None:
         return "\n".join(lines)
     if "error" in models:
         lines.append(f"models    {models['error']}")
         return "\n".join(lines)
     for w in models.get("workers", []):
-        devs = "; ".join(f"device {i}: {_gib(d['free'])} free of {_gib(d['total'])}"
-                         for i, d in enumerate(w["devices"]))
+        devs = "; ".join(
+            f"device {i}: {_gib(d['free'])} free of {_gib(d['total'])}"
+            for i, d in enumerate(w["devices"])
+        )
         lines.append(f"worker    {w['endpoint']} (RPC protocol v{w['protocol']}): {devs}")
     lines.append("")
     for x in models["models"]:
         e, pl = x["estimate"], x["placement"]
         on = f"the RPC workers {','.join(pl['rpc'])}" if pl.get("rpc") else "the GPU"
-        where = (f"{pl['gpu_layers']}/{x['n_layer'] + 1} layers on {on}" if pl["gpu_layers"]
-                 else "CPU")
+        where = (
+            f"{pl['gpu_layers']}/{x['n_layer'] + 1} layers on {on}" if pl["gpu_layers"] else "CPU"
+        )
         lines.append(f"{x['role']:<6}    {x['name']}  ({x['path']})")
         lines.append(
             f"          {x['arch']}"
@@ -217,16 +239,25 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
     verdict = "fits" if mm["fits"] else "does NOT fit"
     lines.append(
         f"memory    {_gib(mm['host_needed'])} of RAM"
-        + (f" + {_gib(mm['device_needed'])} of {'GPU/worker' if models.get('workers') else 'GPU'} memory"
-           if mm["device_needed"] else "")
+        + (
+            f" + {_gib(mm['device_needed'])} of {'GPU/worker' if models.get('workers') else 'GPU'} memory"
+            if mm["device_needed"]
+            else ""
+        )
         + f" needed, {_gib(mm['host_available'])} available: {verdict}"
     )
     for n in mm["notes"]:
         lines.append(f"          {n}")
     if "compatible" in models:
         if models["compatible"]:
-            lines.append("pair      compatible: the draft can speculate for the target"
-                         + (f" (pair draft_max {models['pair_draft_max']})" if models["pair_draft_max"] else ""))
+            lines.append(
+                "pair      compatible: the draft can speculate for the target"
+                + (
+                    f" (pair draft_max {models['pair_draft_max']})"
+                    if models["pair_draft_max"]
+                    else ""
+                )
+            )
         else:
             lines.append("pair      NOT compatible: " + "; ".join(models["problems"]))
     return "\n".join(lines)
@@ -235,7 +266,13 @@ def render_text(b: dict[str, Any], m: dict[str, Any], models: dict[str, Any] | N
 @model_options()
 def info(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
-    models: Annotated[bool, typer.Option("--models/--no-models", help="Also the model or pair (default: the registry's default pair).")] = True,
+    models: Annotated[
+        bool,
+        typer.Option(
+            "--models/--no-models",
+            help="Also the model or pair (default: the registry's default pair).",
+        ),
+    ] = True,
     opts: Any = None,
 ) -> None:
     """What this llama.cpp build and machine can do (backends, devices, memory, threads), and for a

@@ -19,6 +19,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
 def _mount_subcommands() -> None:
     from specrun.cli.generate import register as register_generate
 
@@ -96,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         if debug:
             raise
-        print(f"specrun: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", file=sys.stderr)
+        print(
+            f"specrun: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

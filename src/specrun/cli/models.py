@@ -202,7 +202,13 @@ def check(
     repeats: ProbeRepeats = ProbeSettings.repeats,
     threads: ProbeThreads = None,
     ngl: Annotated[
-        str, typer.Option("--ngl", "-ngl", metavar="N|auto|all", help="Layers offloaded to the GPU, both models (N, auto or all; -1 = all).")
+        str,
+        typer.Option(
+            "--ngl",
+            "-ngl",
+            metavar="N|auto|all",
+            help="Layers offloaded to the GPU, both models (N, auto or all; -1 = all).",
+        ),
     ] = "auto",
     save: Annotated[
         bool,
@@ -381,7 +387,8 @@ def print_check(con: Console, out: dict[str, Any]) -> None:
         con.print(
             f"verify cost V(n) = n-row pass / one row ({ms:.1f} ms): "
             + ", ".join(f"V({n}) {v:.2f}" for n, v in vc.items() if n != "1"),
-            soft_wrap=True, markup=False,
+            soft_wrap=True,
+            markup=False,
         )
     pr = out["probe"]
     if pr is None:
@@ -484,7 +491,10 @@ def _check_files(names: list[str] | None) -> None:
 @app.command()
 def rm(
     name: Annotated[
-        str, typer.Argument(help="A pulled or derived model, a hub reference as pulled (USER/REPO[:QUANT], hf.co/USER/REPO[:QUANT]), or a pair (both models).")
+        str,
+        typer.Argument(
+            help="A pulled or derived model, a hub reference as pulled (USER/REPO[:QUANT], hf.co/USER/REPO[:QUANT]), or a pair (both models)."
+        ),
     ],
 ) -> None:
     """Delete a pulled or derived model's files (never a `path` model's)."""

@@ -33,49 +33,456 @@ def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:  #
 # The llama.cpp spellings (-hf, --spec-draft-n-max, --spec-type, ...) are aliases: README's
 # tables give the llama.cpp and Ollama equivalent of each flag.
 MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    ("pair", str | None, _opt("--pair", help="A pair from the registry (default: the registry's default).", panel=P_MODELS, envvar="SPECRUN_PAIR"), None),
-    ("model", str | None, _opt("-m", "--model", help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]) on the hub.", panel=P_MODELS, envvar="SPECRUN_MODEL"), None),
-    ("model_draft", str | None, _opt("-md", "--model-draft", help="Draft model (overrides the pair's draft).", panel=P_MODELS, envvar="SPECRUN_MODEL_DRAFT"), None),
-    ("hf_repo", str | None, _opt("-hf", "-hfr", "--hf-repo", help="Target from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hf; same as -m USER/REPO[:QUANT]).", panel=P_MODELS, envvar="SPECRUN_HF_REPO", metavar="USER/REPO[:QUANT]"), None),
-    ("hf_file", str | None, _opt("-hff", "--hf-file", help="The file of the -hf repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE", metavar="FILE"), None),
-    ("hf_repo_draft", str | None, _opt("-hfd", "-hfrd", "--hf-repo-draft", help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).", panel=P_MODELS, envvar="SPECRUN_HF_REPO_DRAFT", metavar="USER/REPO[:QUANT]"), None),
-    ("hf_file_draft", str | None, _opt("-hffd", "--hf-file-draft", help="The file of the -hfd repo to use (overrides its QUANT).", panel=P_MODELS, envvar="SPECRUN_HF_FILE_DRAFT", metavar="FILE"), None),
-    ("mode", str, _opt("--mode", help="auto|draft|lookup|hybrid|none (none = the target alone).", panel=P_SPEC, envvar="SPECRUN_MODE"), D.MODE),
-    ("spec_type", str | None, _opt("--spec-type", help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.", panel=P_SPEC, envvar="SPECRUN_SPEC_TYPE", metavar="TYPE[,TYPE]"), None),
-    ("draft_max", int | None, _opt("--draft-max", help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MAX"), None),
-    ("draft_min", int, _opt("--draft-min", help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_MIN"), D.DRAFT_MIN),
-    ("draft_p_min", float, _opt("--draft-p-min", help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.", panel=P_SPEC, envvar="SPECRUN_DRAFT_P_MIN"), D.DRAFT_P_MIN),
-    ("verify", str, _opt("--verify", help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).", panel=P_SPEC, envvar="SPECRUN_VERIFY"), D.VERIFY),
-    ("lookup_min", int, _opt("--lookup-min", help="Shortest n-gram prompt lookup matches.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MIN"), D.LOOKUP_MIN),
-    ("lookup_max", int, _opt("--lookup-max", help="Longest n-gram prompt lookup matches (tried first).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_MAX"), D.LOOKUP_MAX),
-    ("lookup_kind", str, _opt("--lookup-kind", help="The lookup drafter (lookup/hybrid/auto): suffix (the longest match in this text and earlier outputs, ranked continuations) or ngram (llama.cpp-style n-gram prompt lookup).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_KIND", metavar="suffix|ngram"), D.LOOKUP_KIND),
-    ("lookup_draft_max", int, _opt("--lookup-draft-max", help="Longest suffix-lookup proposal (at least --draft-max): a long match is cheap to verify.", panel=P_SPEC, envvar="SPECRUN_LOOKUP_DRAFT_MAX"), D.LOOKUP_DRAFT_MAX),
-    ("lookup_cache", str | None, _opt("--lookup-cache", help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).", panel=P_SPEC, envvar="SPECRUN_LOOKUP_CACHE"), None),
-    ("ngl", str, _opt("--ngl", "-ngl", help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL", metavar="N|auto|all"), "auto"),
-    ("ngl_draft", str, _opt("--ngl-draft", "-ngld", help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).", panel=P_PLACE, envvar="SPECRUN_NGL_DRAFT", metavar="N|auto|all"), "auto"),
-    ("rpc", str | None, _opt("--rpc", help="llama.cpp RPC workers (`specrun worker` on each) for the target's layers, split by their free memory (llama.cpp: --rpc).", panel=P_PLACE, envvar="SPECRUN_RPC", metavar="HOST:PORT[,HOST:PORT...]"), None),
-    ("rpc_draft", bool, _opt("--rpc-draft", help="Place the draft's layers on the --rpc workers too (default: the draft runs here).", panel=P_PLACE, envvar="SPECRUN_RPC_DRAFT"), False),
-    ("tensor_split", str | None, _opt("--tensor-split", "-ts", help="Shares of the offloaded layers per device, e.g. 3,1: the --rpc workers' devices in order, then this machine's GPUs (llama.cpp: -ts). Default: by free memory.", panel=P_PLACE, envvar="SPECRUN_TENSOR_SPLIT", metavar="N0,N1,..."), None),
-    ("ctx", int, _opt("--ctx", "-c", help="Target context size in tokens (also --ctx-size).", panel=P_PLACE, envvar="SPECRUN_CTX"), D.CTX),
-    ("ctx_draft", int | None, _opt("--ctx-draft", "-cd", help="Draft context size (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CTX_DRAFT"), None),
-    ("threads", int | None, _opt("--threads", "-t", help="CPU threads for the target (default: physical cores).", panel=P_PLACE, envvar="SPECRUN_THREADS"), None),
-    ("threads_draft", int | None, _opt("--threads-draft", "-td", help="CPU threads for the draft (default: as --threads).", panel=P_PLACE, envvar="SPECRUN_THREADS_DRAFT"), None),
-    ("batch", int, _opt("--batch-size", "-b", help="Most tokens per llama_decode call (prompt chunks).", panel=P_PLACE, envvar="SPECRUN_BATCH_SIZE"), D.BATCH),
-    ("flash_attn", str, _opt("--flash-attn", "-fa", help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).", panel=P_PLACE, envvar="SPECRUN_FLASH_ATTN"), D.FLASH_ATTN),
-    ("cache_type_k", str, _opt("--cache-type-k", "-ctk", help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K"), D.CACHE_TYPE),
-    ("cache_type_v", str, _opt("--cache-type-v", "-ctv", help="Target KV cache type for V (quantized V needs flash attention).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V"), D.CACHE_TYPE),
-    ("cache_type_k_draft", str | None, _opt("--cache-type-k-draft", "-ctkd", help="Draft KV cache type for K (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_K_DRAFT"), None),
-    ("cache_type_v_draft", str | None, _opt("--cache-type-v-draft", "-ctvd", help="Draft KV cache type for V (default: as the target's).", panel=P_PLACE, envvar="SPECRUN_CACHE_TYPE_V_DRAFT"), None),
-    ("mem_check", bool, _opt("--mem-check/--no-mem-check", help="Refuse to load models the memory estimate says will not fit.", panel=P_PLACE, envvar="SPECRUN_MEM_CHECK"), True),
-    ("verbose", bool, _opt("--verbose", help="Show llama.cpp's own log on stderr.", envvar="SPECRUN_VERBOSE"), False),
+    (
+        "pair",
+        str | None,
+        _opt(
+            "--pair",
+            help="A pair from the registry (default: the registry's default).",
+            panel=P_MODELS,
+            envvar="SPECRUN_PAIR",
+        ),
+        None,
+    ),
+    (
+        "model",
+        str | None,
+        _opt(
+            "-m",
+            "--model",
+            help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]) on the hub.",
+            panel=P_MODELS,
+            envvar="SPECRUN_MODEL",
+        ),
+        None,
+    ),
+    (
+        "model_draft",
+        str | None,
+        _opt(
+            "-md",
+            "--model-draft",
+            help="Draft model (overrides the pair's draft).",
+            panel=P_MODELS,
+            envvar="SPECRUN_MODEL_DRAFT",
+        ),
+        None,
+    ),
+    (
+        "hf_repo",
+        str | None,
+        _opt(
+            "-hf",
+            "-hfr",
+            "--hf-repo",
+            help="Target from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hf; same as -m USER/REPO[:QUANT]).",
+            panel=P_MODELS,
+            envvar="SPECRUN_HF_REPO",
+            metavar="USER/REPO[:QUANT]",
+        ),
+        None,
+    ),
+    (
+        "hf_file",
+        str | None,
+        _opt(
+            "-hff",
+            "--hf-file",
+            help="The file of the -hf repo to use (overrides its QUANT).",
+            panel=P_MODELS,
+            envvar="SPECRUN_HF_FILE",
+            metavar="FILE",
+        ),
+        None,
+    ),
+    (
+        "hf_repo_draft",
+        str | None,
+        _opt(
+            "-hfd",
+            "-hfrd",
+            "--hf-repo-draft",
+            help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).",
+            panel=P_MODELS,
+            envvar="SPECRUN_HF_REPO_DRAFT",
+            metavar="USER/REPO[:QUANT]",
+        ),
+        None,
+    ),
+    (
+        "hf_file_draft",
+        str | None,
+        _opt(
+            "-hffd",
+            "--hf-file-draft",
+            help="The file of the -hfd repo to use (overrides its QUANT).",
+            panel=P_MODELS,
+            envvar="SPECRUN_HF_FILE_DRAFT",
+            metavar="FILE",
+        ),
+        None,
+    ),
+    (
+        "mode",
+        str,
+        _opt(
+            "--mode",
+            help="auto|draft|lookup|hybrid|none (none = the target alone).",
+            panel=P_SPEC,
+            envvar="SPECRUN_MODE",
+        ),
+        D.MODE,
+    ),
+    (
+        "spec_type",
+        str | None,
+        _opt(
+            "--spec-type",
+            help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.",
+            panel=P_SPEC,
+            envvar="SPECRUN_SPEC_TYPE",
+            metavar="TYPE[,TYPE]",
+        ),
+        None,
+    ),
+    (
+        "draft_max",
+        int | None,
+        _opt(
+            "--draft-max",
+            help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.",
+            panel=P_SPEC,
+            envvar="SPECRUN_DRAFT_MAX",
+        ),
+        None,
+    ),
+    (
+        "draft_min",
+        int,
+        _opt(
+            "--draft-min",
+            help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.",
+            panel=P_SPEC,
+            envvar="SPECRUN_DRAFT_MIN",
+        ),
+        D.DRAFT_MIN,
+    ),
+    (
+        "draft_p_min",
+        float,
+        _opt(
+            "--draft-p-min",
+            help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.",
+            panel=P_SPEC,
+            envvar="SPECRUN_DRAFT_P_MIN",
+        ),
+        D.DRAFT_P_MIN,
+    ),
+    (
+        "verify",
+        str,
+        _opt(
+            "--verify",
+            help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).",
+            panel=P_SPEC,
+            envvar="SPECRUN_VERIFY",
+        ),
+        D.VERIFY,
+    ),
+    (
+        "lookup_min",
+        int,
+        _opt(
+            "--lookup-min",
+            help="Shortest n-gram prompt lookup matches.",
+            panel=P_SPEC,
+            envvar="SPECRUN_LOOKUP_MIN",
+        ),
+        D.LOOKUP_MIN,
+    ),
+    (
+        "lookup_max",
+        int,
+        _opt(
+            "--lookup-max",
+            help="Longest n-gram prompt lookup matches (tried first).",
+            panel=P_SPEC,
+            envvar="SPECRUN_LOOKUP_MAX",
+        ),
+        D.LOOKUP_MAX,
+    ),
+    (
+        "lookup_kind",
+        str,
+        _opt(
+            "--lookup-kind",
+            help="The lookup drafter (lookup/hybrid/auto): suffix (the longest match in this text and earlier outputs, ranked continuations) or ngram (llama.cpp-style n-gram prompt lookup).",
+            panel=P_SPEC,
+            envvar="SPECRUN_LOOKUP_KIND",
+            metavar="suffix|ngram",
+        ),
+        D.LOOKUP_KIND,
+    ),
+    (
+        "lookup_draft_max",
+        int,
+        _opt(
+            "--lookup-draft-max",
+            help="Longest suffix-lookup proposal (at least --draft-max): a long match is cheap to verify.",
+            panel=P_SPEC,
+            envvar="SPECRUN_LOOKUP_DRAFT_MAX",
+        ),
+        D.LOOKUP_DRAFT_MAX,
+    ),
+    (
+        "lookup_cache",
+        str | None,
+        _opt(
+            "--lookup-cache",
+            help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).",
+            panel=P_SPEC,
+            envvar="SPECRUN_LOOKUP_CACHE",
+        ),
+        None,
+    ),
+    (
+        "ngl",
+        str,
+        _opt(
+            "--ngl",
+            "-ngl",
+            help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
+            panel=P_PLACE,
+            envvar="SPECRUN_NGL",
+            metavar="N|auto|all",
+        ),
+        "auto",
+    ),
+    (
+        "ngl_draft",
+        str,
+        _opt(
+            "--ngl-draft",
+            "-ngld",
+            help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
+            panel=P_PLACE,
+            envvar="SPECRUN_NGL_DRAFT",
+            metavar="N|auto|all",
+        ),
+        "auto",
+    ),
+    (
+        "rpc",
+        str | None,
+        _opt(
+            "--rpc",
+            help="llama.cpp RPC workers (`specrun worker` on each) for the target's layers, split by their free memory (llama.cpp: --rpc).",
+            panel=P_PLACE,
+            envvar="SPECRUN_RPC",
+            metavar="HOST:PORT[,HOST:PORT...]",
+        ),
+        None,
+    ),
+    (
+        "rpc_draft",
+        bool,
+        _opt(
+            "--rpc-draft",
+            help="Place the draft's layers on the --rpc workers too (default: the draft runs here).",
+            panel=P_PLACE,
+            envvar="SPECRUN_RPC_DRAFT",
+        ),
+        False,
+    ),
+    (
+        "tensor_split",
+        str | None,
+        _opt(
+            "--tensor-split",
+            "-ts",
+            help="Shares of the offloaded layers per device, e.g. 3,1: the --rpc workers' devices in order, then this machine's GPUs (llama.cpp: -ts). Default: by free memory.",
+            panel=P_PLACE,
+            envvar="SPECRUN_TENSOR_SPLIT",
+            metavar="N0,N1,...",
+        ),
+        None,
+    ),
+    (
+        "ctx",
+        int,
+        _opt(
+            "--ctx",
+            "-c",
+            help="Target context size in tokens (also --ctx-size).",
+            panel=P_PLACE,
+            envvar="SPECRUN_CTX",
+        ),
+        D.CTX,
+    ),
+    (
+        "ctx_draft",
+        int | None,
+        _opt(
+            "--ctx-draft",
+            "-cd",
+            help="Draft context size (default: as the target's).",
+            panel=P_PLACE,
+            envvar="SPECRUN_CTX_DRAFT",
+        ),
+        None,
+    ),
+    (
+        "threads",
+        int | None,
+        _opt(
+            "--threads",
+            "-t",
+            help="CPU threads for the target (default: physical cores).",
+            panel=P_PLACE,
+            envvar="SPECRUN_THREADS",
+        ),
+        None,
+    ),
+    (
+        "threads_draft",
+        int | None,
+        _opt(
+            "--threads-draft",
+            "-td",
+            help="CPU threads for the draft (default: as --threads).",
+            panel=P_PLACE,
+            envvar="SPECRUN_THREADS_DRAFT",
+        ),
+        None,
+    ),
+    (
+        "batch",
+        int,
+        _opt(
+            "--batch-size",
+            "-b",
+            help="Most tokens per llama_decode call (prompt chunks).",
+            panel=P_PLACE,
+            envvar="SPECRUN_BATCH_SIZE",
+        ),
+        D.BATCH,
+    ),
+    (
+        "flash_attn",
+        str,
+        _opt(
+            "--flash-attn",
+            "-fa",
+            help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).",
+            panel=P_PLACE,
+            envvar="SPECRUN_FLASH_ATTN",
+        ),
+        D.FLASH_ATTN,
+    ),
+    (
+        "cache_type_k",
+        str,
+        _opt(
+            "--cache-type-k",
+            "-ctk",
+            help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.",
+            panel=P_PLACE,
+            envvar="SPECRUN_CACHE_TYPE_K",
+        ),
+        D.CACHE_TYPE,
+    ),
+    (
+        "cache_type_v",
+        str,
+        _opt(
+            "--cache-type-v",
+            "-ctv",
+            help="Target KV cache type for V (quantized V needs flash attention).",
+            panel=P_PLACE,
+            envvar="SPECRUN_CACHE_TYPE_V",
+        ),
+        D.CACHE_TYPE,
+    ),
+    (
+        "cache_type_k_draft",
+        str | None,
+        _opt(
+            "--cache-type-k-draft",
+            "-ctkd",
+            help="Draft KV cache type for K (default: as the target's).",
+            panel=P_PLACE,
+            envvar="SPECRUN_CACHE_TYPE_K_DRAFT",
+        ),
+        None,
+    ),
+    (
+        "cache_type_v_draft",
+        str | None,
+        _opt(
+            "--cache-type-v-draft",
+            "-ctvd",
+            help="Draft KV cache type for V (default: as the target's).",
+            panel=P_PLACE,
+            envvar="SPECRUN_CACHE_TYPE_V_DRAFT",
+        ),
+        None,
+    ),
+    (
+        "mem_check",
+        bool,
+        _opt(
+            "--mem-check/--no-mem-check",
+            help="Refuse to load models the memory estimate says will not fit.",
+            panel=P_PLACE,
+            envvar="SPECRUN_MEM_CHECK",
+        ),
+        True,
+    ),
+    (
+        "verbose",
+        bool,
+        _opt("--verbose", help="Show llama.cpp's own log on stderr.", envvar="SPECRUN_VERBOSE"),
+        False,
+    ),
 ]
 
 SAMPLING_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    ("temp", float, _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"), D.TEMP),
-    ("top_k", int, _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"), D.TOP_K),
-    ("top_p", float, _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"), D.TOP_P),
-    ("min_p", float, _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"), D.MIN_P),
-    ("seed", int | None, _opt("--seed", "-s", help="Random seed (default: random, always reported).", panel=P_SAMPLE, envvar="SPECRUN_SEED"), None),
+    (
+        "temp",
+        float,
+        _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"),
+        D.TEMP,
+    ),
+    (
+        "top_k",
+        int,
+        _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"),
+        D.TOP_K,
+    ),
+    (
+        "top_p",
+        float,
+        _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"),
+        D.TOP_P,
+    ),
+    (
+        "min_p",
+        float,
+        _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"),
+        D.MIN_P,
+    ),
+    (
+        "seed",
+        int | None,
+        _opt(
+            "--seed",
+            "-s",
+            help="Random seed (default: random, always reported).",
+            panel=P_SAMPLE,
+            envvar="SPECRUN_SEED",
+        ),
+        None,
+    ),
 ]
 
 # llama.cpp's long spellings of options above, accepted but left out of --help (where they would
@@ -172,24 +579,38 @@ def _inject(
             if p.name != target_arg
         ]
         added = [
-            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=Annotated[t, o])
+            inspect.Parameter(
+                n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=Annotated[t, o]
+            )
             for n, t, o, d in rows
         ]
         types = {n: t for n, t, *_ in rows}
         aliases = {f"alias_{n}": n for n in types if n in ALIASES}
         added += [
-            inspect.Parameter(a, inspect.Parameter.KEYWORD_ONLY, default=None,
-                              annotation=Annotated[types[n] | None, typer.Option(*ALIASES[n], hidden=True)])
+            inspect.Parameter(
+                a,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[types[n] | None, typer.Option(*ALIASES[n], hidden=True)],
+            )
             for a, n in aliases.items()
         ]
         names = {n for n, *_ in rows}
         # Typer hands the click context (where each value came from) to the one parameter typed
         # typer.Context: the command's own, else one added here and not passed on.
-        ctx_own = next((p.name for p in own if isinstance(p.annotation, type)
-                        and issubclass(p.annotation, typer.Context)), None)
+        ctx_own = next(
+            (
+                p.name
+                for p in own
+                if isinstance(p.annotation, type) and issubclass(p.annotation, typer.Context)
+            ),
+            None,
+        )
         ctx_arg = ctx_own or f"specrun_ctx_{target_arg}"
         if ctx_own is None:
-            added.append(inspect.Parameter(ctx_arg, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+            added.append(
+                inspect.Parameter(ctx_arg, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+            )
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -225,13 +646,19 @@ def _given(src: dict[str, str], name: str) -> bool:
     return src.get(name) == "COMMANDLINE"
 
 
-def _drop_env_rivals(kw: dict[str, Any], src: dict[str, str], rivals: list[tuple[str, str]]) -> None:
+def _drop_env_rivals(
+    kw: dict[str, Any], src: dict[str, str], rivals: list[tuple[str, str]]
+) -> None:
     """An option given on the command line beats a rival that came from the environment
     (``SPECRUN_PAIR`` set, ``-m X`` typed: X is the target, as with no SPECRUN_PAIR)."""
     for a, b in rivals:
         for mine, other in ((a, b), (b, a)):
-            if kw.get(mine) is not None and kw.get(other) is not None and _given(src, mine) \
-                    and src.get(other) == "ENVIRONMENT":
+            if (
+                kw.get(mine) is not None
+                and kw.get(other) is not None
+                and _given(src, mine)
+                and src.get(other) == "ENVIRONMENT"
+            ):
                 kw[other] = None
 
 
@@ -241,14 +668,26 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
     from specrun.session import ModelOptions
 
     src = src or {}
-    _drop_env_rivals(kw, src, [("pair", "model"), ("pair", "hf_repo"), ("model", "hf_repo"),
-                               ("model_draft", "hf_repo_draft")])
-    for hub, plain, file, flag in (("hf_repo", "model", "hf_file", "-hf"),
-                                   ("hf_repo_draft", "model_draft", "hf_file_draft", "-hfd")):
+    _drop_env_rivals(
+        kw,
+        src,
+        [
+            ("pair", "model"),
+            ("pair", "hf_repo"),
+            ("model", "hf_repo"),
+            ("model_draft", "hf_repo_draft"),
+        ],
+    )
+    for hub, plain, file, flag in (
+        ("hf_repo", "model", "hf_file", "-hf"),
+        ("hf_repo_draft", "model_draft", "hf_file_draft", "-hfd"),
+    ):
         repo = kw.pop(hub, None)
         if kw.get(file) is not None and repo is None:
-            raise UsageError(f"{'--hf-file' if flag == '-hf' else '--hf-file-draft'} names a file of "
-                             f"the {flag} repo: give {flag} USER/REPO too")
+            raise UsageError(
+                f"{'--hf-file' if flag == '-hf' else '--hf-file-draft'} names a file of "
+                f"the {flag} repo: give {flag} USER/REPO too"
+            )
         if repo is None:
             continue
         if kw.get(plain) is not None:
@@ -262,7 +701,9 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
     if spec_type is not None:
         mode = mode_for_spec_type(spec_type)
         if _given(src, "mode") and kw.get("mode") != mode and _given(src, "spec_type"):
-            raise UsageError(f"--spec-type {spec_type} means --mode {mode}, but --mode {kw['mode']} was given")
+            raise UsageError(
+                f"--spec-type {spec_type} means --mode {mode}, but --mode {kw['mode']} was given"
+            )
         if not (_given(src, "mode") and not _given(src, "spec_type")):
             kw["mode"] = mode
     for name, flag in (("ngl", "--ngl"), ("ngl_draft", "--ngl-draft")):
@@ -282,7 +723,9 @@ def _build_sampling(kw: dict[str, Any], src: dict[str, str] | None = None) -> An
     return params
 
 
-def model_options(exclude: Iterable[str] = (), **defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def model_options(
+    exclude: Iterable[str] = (), **defaults: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the shared model options; the command gets ``opts: ModelOptions``, validated."""
     return _inject(MODEL_OPTIONS, "opts", _build_model_options, exclude, defaults)
 
@@ -297,9 +740,15 @@ __all__ = ["MODEL_OPTIONS", "SAMPLING_OPTIONS", "model_options", "sampling_optio
 
 # The probe's options, shared by `models check` and `draft make` (defaults: probe.ProbeSettings).
 ProbeMaxTokens = Annotated[int, typer.Option("-n", "--max-tokens", help="Tokens per probe run.")]
-ProbeDraftMax = Annotated[int, typer.Option(
-    "--draft-max", help="Draft length while learning acceptance; the largest K considered.")]
-ProbeRepeats = Annotated[int, typer.Option(
-    "--repeats", help="Alternating (none, K) runs per prompt when measuring.")]
-ProbeThreads = Annotated[int | None, typer.Option(
-    "--threads", "-t", help="CPU threads (default: physical cores).")]
+ProbeDraftMax = Annotated[
+    int,
+    typer.Option(
+        "--draft-max", help="Draft length while learning acceptance; the largest K considered."
+    ),
+]
+ProbeRepeats = Annotated[
+    int, typer.Option("--repeats", help="Alternating (none, K) runs per prompt when measuring.")
+]
+ProbeThreads = Annotated[
+    int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
+]

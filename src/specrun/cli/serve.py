@@ -14,12 +14,55 @@ def register(app: typer.Typer) -> None:
     @sampling_options()
     @model_options()
     def serve(
-        host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).", envvar="SPECRUN_HOST")] = "127.0.0.1",
-        port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port, printed).", envvar="SPECRUN_PORT")] = 8080,
-        api_key: Annotated[str | None, typer.Option("--api-key", help="Require Authorization: Bearer KEY on every route but /health.", envvar="SPECRUN_API_KEY")] = None,
-        cors: Annotated[list[str] | None, typer.Option("--cors", metavar="ORIGIN", help="Allow browser requests from ORIGIN (repeatable; * for any). Off unless given.")] = None,
-        queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one generates; more get 503 with Retry-After.", envvar="SPECRUN_QUEUE")] = 64,
-        template_kwargs: Annotated[str | None, typer.Option("--chat-template-kwargs", metavar="JSON", help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.", envvar="SPECRUN_CHAT_TEMPLATE_KWARGS")] = None,
+        host: Annotated[
+            str,
+            typer.Option(
+                "--host",
+                help="Address to listen on (127.0.0.1: this machine only).",
+                envvar="SPECRUN_HOST",
+            ),
+        ] = "127.0.0.1",
+        port: Annotated[
+            int,
+            typer.Option(
+                "--port",
+                help="Port to listen on (0: any free port, printed).",
+                envvar="SPECRUN_PORT",
+            ),
+        ] = 8080,
+        api_key: Annotated[
+            str | None,
+            typer.Option(
+                "--api-key",
+                help="Require Authorization: Bearer KEY on every route but /health.",
+                envvar="SPECRUN_API_KEY",
+            ),
+        ] = None,
+        cors: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--cors",
+                metavar="ORIGIN",
+                help="Allow browser requests from ORIGIN (repeatable; * for any). Off unless given.",
+            ),
+        ] = None,
+        queue: Annotated[
+            int,
+            typer.Option(
+                "--queue",
+                help="Requests that may wait while one generates; more get 503 with Retry-After.",
+                envvar="SPECRUN_QUEUE",
+            ),
+        ] = 64,
+        template_kwargs: Annotated[
+            str | None,
+            typer.Option(
+                "--chat-template-kwargs",
+                metavar="JSON",
+                help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
+                envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
+            ),
+        ] = None,
         opts: Any = None,
         params: Any = None,
     ) -> None:
@@ -33,5 +76,13 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--port must be 0 to 65535, got {port}")
         if queue < 1:
             raise UsageError(f"--queue must be >= 1, got {queue}")
-        run(opts, params, host=host, port=port, api_key=api_key, cors=list(cors or []) or None,
-            queue=queue, template_kwargs=parse_kwargs(template_kwargs))
+        run(
+            opts,
+            params,
+            host=host,
+            port=port,
+            api_key=api_key,
+            cors=list(cors or []) or None,
+            queue=queue,
+            template_kwargs=parse_kwargs(template_kwargs),
+        )

@@ -26,11 +26,38 @@ def register(app: typer.Typer) -> None:
 
 
 def worker(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default; any other has no authentication).", envvar="SPECRUN_WORKER_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port to listen on.", envvar="SPECRUN_WORKER_PORT")] = 50052,
-    threads: Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads for the work (default: physical cores).", envvar="SPECRUN_THREADS")] = None,
-    cache: Annotated[Path | None, typer.Option("--cache", help="Directory where the worker keeps the tensors it was sent, so a restarted driver or worker does not send the weights again.", envvar="SPECRUN_WORKER_CACHE", metavar="DIR")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log on stderr.")] = False,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to listen on (loopback by default; any other has no authentication).",
+            envvar="SPECRUN_WORKER_HOST",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", help="TCP port to listen on.", envvar="SPECRUN_WORKER_PORT")
+    ] = 50052,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            "-t",
+            help="CPU threads for the work (default: physical cores).",
+            envvar="SPECRUN_THREADS",
+        ),
+    ] = None,
+    cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            help="Directory where the worker keeps the tensors it was sent, so a restarted driver or worker does not send the weights again.",
+            envvar="SPECRUN_WORKER_CACHE",
+            metavar="DIR",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show llama.cpp's own log on stderr.")
+    ] = False,
 ) -> None:
     """Serve this machine's devices (its GPUs, else its CPU) to specrun drivers over llama.cpp's RPC.
 
@@ -54,12 +81,15 @@ def worker(
     backend.init_backend(verbose)
     served = rpc.serving_devices()
     n_threads = threads or backend.physical_cores()
-    names = ", ".join(f"{d.name} ({d.description}, {d.free / 2**30:.1f} GiB free)" for _h, d in served)
+    names = ", ".join(
+        f"{d.name} ({d.description}, {d.free / 2**30:.1f} GiB free)" for _h, d in served
+    )
     print(
         f"specrun worker: serving {names} on {addr}:{port} with {n_threads} threads "
         f"(RPC protocol v{rpc.PROTO_MAJOR}.{rpc.PROTO_MINOR}.{rpc.PROTO_PATCH}"
         f"{', cache ' + cache_dir if cache_dir else ''}); Ctrl-C stops it",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
     server = rpc.serve(addr, port, n_threads, cache_dir, [h for h, _d in served])
     try:
@@ -70,4 +100,6 @@ def worker(
         sys.stderr.write("\nspecrun worker: stopped\n")
         sys.stderr.flush()
         os._exit(130)  # llama.cpp's server thread never returns: leave without waiting for it
-    raise SpecrunError(f"llama.cpp's RPC server on {addr}:{port} stopped (run with --verbose for its log)")
+    raise SpecrunError(
+        f"llama.cpp's RPC server on {addr}:{port} stopped (run with --verbose for its log)"
+    )

@@ -54,7 +54,13 @@ def parse_load_log(lines: list[str]) -> dict[str, Any]:
             if key == "model":
                 out.setdefault("weight_buffers", []).append(m.group(1))
             mib[key] = mib.get(key, 0.0) + float(m.group(3))
-            if m.group(1) not in ("CPU", "CPU_Mapped", "CPU_REPACK", "CPU_AARCH64", "AMX") and "Host" not in m.group(1):
+            if m.group(1) not in (
+                "CPU",
+                "CPU_Mapped",
+                "CPU_REPACK",
+                "CPU_AARCH64",
+                "AMX",
+            ) and "Host" not in m.group(1):
                 mib[key + "_device"] = mib.get(key + "_device", 0.0) + float(m.group(3))
             continue
         m = re.search(r"K \((\w+)\):.*V \((\w+)\):", line)
@@ -242,9 +248,12 @@ def _dev_fns() -> dict[str, Any] | None:
     lib = ll.llama_cpp._lib
     try:
         fns = {
-            "count": lib.ggml_backend_dev_count, "get": lib.ggml_backend_dev_get,
-            "name": lib.ggml_backend_dev_name, "desc": lib.ggml_backend_dev_description,
-            "kind": lib.ggml_backend_dev_type, "memory": lib.ggml_backend_dev_memory,
+            "count": lib.ggml_backend_dev_count,
+            "get": lib.ggml_backend_dev_get,
+            "name": lib.ggml_backend_dev_name,
+            "desc": lib.ggml_backend_dev_description,
+            "kind": lib.ggml_backend_dev_type,
+            "memory": lib.ggml_backend_dev_memory,
         }
     except AttributeError:  # pragma: no cover - a build that does not export them
         return None
@@ -254,7 +263,11 @@ def _dev_fns() -> dict[str, Any] | None:
         f.restype, f.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     fns["kind"].restype, fns["kind"].argtypes = ctypes.c_int, [ctypes.c_void_p]
     fns["memory"].restype = None
-    fns["memory"].argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    fns["memory"].argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
     return fns
 
 
@@ -298,5 +311,3 @@ def gpu_free_memory() -> int | None:
     """Free bytes over this machine's GPUs llama.cpp can offload to; None when it has none."""
     gpus = local_gpus()
     return sum(d.free for d in gpus) if gpus else None
-
-

@@ -117,5 +117,3 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
     arr = (_BuftOverride * (len(entries) + 1))(*entries, _BuftOverride(None, None))
     mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
     return arr
-
-

@@ -117,11 +117,16 @@ class Model:
         mparams.vocab_only = opts.vocab_only
         mparams.progress_callback = load_progress
         # Kept for the model's life: llama.cpp keeps a copy of mparams, pointers included.
-        self._placement = None if opts.vocab_only else place_devices(mparams, opts.rpc, opts.tensor_split)
+        self._placement = (
+            None if opts.vocab_only else place_devices(mparams, opts.rpc, opts.tensor_split)
+        )
         offloads = opts.n_gpu_layers != 0 and has_devices
         self._buft_overrides = (
-            weight_buffers(self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows)
-            if not opts.vocab_only else None
+            weight_buffers(
+                self.path, mparams, offloads, opts.amx_rows, opts.exact_rows and not opts.amx_rows
+            )
+            if not opts.vocab_only
+            else None
         )
         t0 = time.perf_counter()
         log: list[str] = []
@@ -136,14 +141,17 @@ class Model:
         # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on: every decode
         # goes one row at a time (see LoadOptions.amx_rows).
         self.single_rows = (
-            opts.amx_rows and os.environ.get(AMX_OPT_IN) != "1"
+            opts.amx_rows
+            and os.environ.get(AMX_OPT_IN) != "1"
             and "AMX" in self.load_report.get("weight_buffers", ())
         )
 
     def _load(self, mparams: Any, opts: LoadOptions) -> None:
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {self.path} (run with --verbose for its log)")
+            raise ModelError(
+                f"llama.cpp could not load {self.path} (run with --verbose for its log)"
+            )
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(ll.llama_model_n_ctx_train(self._model))
@@ -166,7 +174,8 @@ class Model:
         cparams.no_perf = True
         cparams.n_outputs_max = opts.n_outputs_max
         flash = (
-            opts.flash_attn if opts.flash_attn is not None
+            opts.flash_attn
+            if opts.flash_attn is not None
             else auto_flash_attn(opts.n_gpu_layers, opts.type_v, remote=bool(opts.rpc))
         )
         if flash is not None:
@@ -187,7 +196,10 @@ class Model:
         self.n_ctx = int(ll.llama_n_ctx(self._ctx))
         # llama.cpp clamps n_batch (e.g. to n_ctx): size everything from what it really took,
         # since a batch larger than that aborts the process inside llama_decode.
-        self.n_batch = max(1, min(int(ll.llama_n_batch(self._ctx)), int(ll.llama_n_ubatch(self._ctx)), opts.n_batch))
+        self.n_batch = max(
+            1,
+            min(int(ll.llama_n_batch(self._ctx)), int(ll.llama_n_ubatch(self._ctx)), opts.n_batch),
+        )
         self.n_threads = threads
         self.n_outputs_max = int(opts.n_outputs_max) or self.n_batch
         self._mem = ll.llama_get_memory(self._ctx)
@@ -312,10 +324,14 @@ class Model:
 
     @property
     def is_recurrent(self) -> bool:
-        return bool(ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model))
+        return bool(
+            ll.llama_model_is_recurrent(self._model) or ll.llama_model_is_hybrid(self._model)
+        )
 
     # -- text <-> tokens --------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (ll.llama_token * cap)()
@@ -323,7 +339,9 @@ class Model:
         if n < 0:
             cap = -n
             buf = (ll.llama_token * cap)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+            n = ll.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_special, parse_special
+            )
         if n < 0:
             raise SpecrunError("tokenization failed")
         return list(buf[:n])
@@ -332,7 +350,9 @@ class Model:
         """The bytes a token prints as (special tokens print nothing), cached per id."""
         got = self._pieces.get(token)
         if got is None:
-            n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            n = ll.llama_token_to_piece(
+                self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False
+            )
             if n < 0:
                 big = ctypes.create_string_buffer(-n)
                 n = ll.llama_token_to_piece(self._vocab, token, big, len(big), 0, False)
@@ -367,7 +387,9 @@ class Model:
         if pos0 + n > self.n_ctx:
             raise SpecrunError(f"context full: {pos0 + n} tokens > n_ctx {self.n_ctx}")
         if pos0 > len(self._held):
-            raise SpecrunError(f"decode at position {pos0}, but the cache holds {len(self._held)} tokens")
+            raise SpecrunError(
+                f"decode at position {pos0}, but the cache holds {len(self._held)} tokens"
+            )
         if pos0 < len(self._held):
             self.truncate(pos0)
         if self.single_rows and n > 1:
@@ -390,7 +412,7 @@ class Model:
                         f"{m - (logits_from - start)} rows of logits asked for, the context keeps "
                         f"at most {self.n_outputs_max}"
                     )
-                lg[logits_from - start:m] = 1
+                lg[logits_from - start : m] = 1
             self._batch.n_tokens = m
             t0 = time.perf_counter()
             rc = ll.llama_decode(self._ctx, self._batch)

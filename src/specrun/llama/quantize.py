@@ -11,7 +11,7 @@ from specrun.errors import ModelError, SpecrunError
 from specrun.llama.backend import init_backend, physical_cores
 
 QUANT_TYPES: dict[str, int] = {
-    name[len("LLAMA_FTYPE_"):].replace("MOSTLY_", "").replace("ALL_", ""): getattr(ll, name)
+    name[len("LLAMA_FTYPE_") :].replace("MOSTLY_", "").replace("ALL_", ""): getattr(ll, name)
     for name in dir(ll)
     if name.startswith("LLAMA_FTYPE_") and name != "LLAMA_FTYPE_GUESSED"
 }
@@ -32,5 +32,3 @@ def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> No
     rc = ll.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
         raise ModelError(f"llama.cpp could not quantize {src} to {quant} (code {rc})")
-
-

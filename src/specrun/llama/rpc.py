@@ -35,7 +35,9 @@ PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH = 7, 0, 0
 DEFAULT_PORT = 50052
 _CMD_GET_DEVICE_MEMORY, _CMD_HELLO, _CMD_DEVICE_COUNT = 11, 14, 15
 _CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE: all zero asks for plain TCP
-CHECK_TIMEOUT = 5.0  # seconds for a worker to answer the check (a busy one does not: one client at a time)
+CHECK_TIMEOUT = (
+    5.0  # seconds for a worker to answer the check (a busy one does not: one client at a time)
+)
 
 
 class WorkerError(SpecrunError):
@@ -123,9 +125,15 @@ def check_worker(ep: Endpoint, timeout: float = CHECK_TIMEOUT) -> WorkerInfo:
                     f"v{PROTO_MAJOR}.x (start it with this specrun: `specrun worker`)"
                 ) from None
             if len(hello) < 3:
-                raise WorkerError(f"{where} answered HELLO with {len(hello)} bytes: not an RPC worker")
+                raise WorkerError(
+                    f"{where} answered HELLO with {len(hello)} bytes: not an RPC worker"
+                )
             version = (hello[0], hello[1], hello[2])
-            if version[0] != PROTO_MAJOR or version[1] > PROTO_MINOR or len(hello) != 4 + _CONN_CAPS:
+            if (
+                version[0] != PROTO_MAJOR
+                or version[1] > PROTO_MINOR
+                or len(hello) != 4 + _CONN_CAPS
+            ):
                 raise WorkerError(
                     f"{where} speaks RPC protocol v{'.'.join(map(str, version))}, this build "
                     f"v{PROTO_MAJOR}.{PROTO_MINOR}.{PROTO_PATCH}: run the same specrun (llama.cpp) on both ends"
@@ -133,7 +141,9 @@ def check_worker(ep: Endpoint, timeout: float = CHECK_TIMEOUT) -> WorkerInfo:
             (count,) = struct.unpack("<I", _call(s, _CMD_DEVICE_COUNT, b""))
             memory = []
             for i in range(count):
-                free, total = struct.unpack("<QQ", _call(s, _CMD_GET_DEVICE_MEMORY, struct.pack("<I", i)))
+                free, total = struct.unpack(
+                    "<QQ", _call(s, _CMD_GET_DEVICE_MEMORY, struct.pack("<I", i))
+                )
                 memory.append((free, total))
     except WorkerError:
         raise
@@ -142,7 +152,9 @@ def check_worker(ep: Endpoint, timeout: float = CHECK_TIMEOUT) -> WorkerInfo:
             f"{where} did not answer within {timeout:g} s (busy with another client? a worker serves one at a time)"
         ) from None
     except ConnectionRefusedError:
-        raise WorkerError(f"{where} refused the connection (no worker listening there: `specrun worker --port {ep.port}`)") from None
+        raise WorkerError(
+            f"{where} refused the connection (no worker listening there: `specrun worker --port {ep.port}`)"
+        ) from None
     except (OSError, ValueError, struct.error) as e:
         raise WorkerError(f"{where}: {getattr(e, 'strerror', None) or e}") from None
     if not memory:
@@ -151,6 +163,7 @@ def check_worker(ep: Endpoint, timeout: float = CHECK_TIMEOUT) -> WorkerInfo:
 
 
 # -- the driver's side ---------------------------------------------------------------------
+
 
 @dataclass
 class _Registry:
@@ -162,8 +175,8 @@ _registered = _Registry()
 
 
 def _fn(name: str, restype: Any, argtypes: list[Any]) -> Callable[..., Any]:
-    f = getattr(ll.llama_cpp._lib, name)
-    f.restype, f.argtypes = restype, argtypes
+    f: Callable[..., Any] = getattr(ll.llama_cpp._lib, name)
+    f.restype, f.argtypes = restype, argtypes  # type: ignore[attr-defined]
     return f
 
 
@@ -179,7 +192,9 @@ def _rpc_proc(name: str) -> int:
             "(CMAKE_ARGS=-DGGML_RPC=ON)"
         )
     by_name = _fn("ggml_backend_reg_by_name", ctypes.c_void_p, [ctypes.c_char_p])
-    proc = _fn("ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p])
+    proc = _fn(
+        "ggml_backend_reg_get_proc_address", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    )
     addr = proc(by_name(b"RPC"), name.encode())
     if not addr:
         raise SpecrunError(f"llama.cpp's RPC backend has no {name}")
@@ -209,7 +224,9 @@ def worker_free_memory(endpoints: Sequence[str | Endpoint]) -> int:
 def add_workers(endpoints: Sequence[str | Endpoint]) -> list[WorkerInfo]:
     """Check each worker, then register it with llama.cpp (once per process); returns the checks."""
     infos = check_workers(endpoints)
-    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(_rpc_proc("ggml_backend_rpc_add_server"))
+    add = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
+        _rpc_proc("ggml_backend_rpc_add_server")
+    )
     n_dev = _fn("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p])
     get_dev = _fn("ggml_backend_reg_dev_get", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t])
     install_abort_handler()
@@ -302,7 +319,9 @@ def install_abort_handler() -> None:
     setter(_abort_cb)
 
 
-def keepalive(endpoints: Sequence[str | Endpoint], idle: int = 5, interval: int = 2, count: int = 3) -> int:
+def keepalive(
+    endpoints: Sequence[str | Endpoint], idle: int = 5, interval: int = 2, count: int = 3
+) -> int:
     """TCP keepalive on llama.cpp's connections to these workers, so a worker machine that
     vanishes (no RST) ends the run within about idle + interval * count seconds instead of
     never. Returns how many sockets were set."""
@@ -318,12 +337,18 @@ def keepalive(endpoints: Sequence[str | Endpoint], idle: int = 5, interval: int 
         except OSError:
             continue
         try:
-            if s.family == socket.AF_INET and s.type == socket.SOCK_STREAM and s.getpeername() in want:
+            if (
+                s.family == socket.AF_INET
+                and s.type == socket.SOCK_STREAM
+                and s.getpeername() in want
+            ):
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, (idle + interval * count) * 1000)
+                s.setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, (idle + interval * count) * 1000
+                )
                 n += 1
         except OSError:
             pass
@@ -333,6 +358,7 @@ def keepalive(endpoints: Sequence[str | Endpoint], idle: int = 5, interval: int 
 
 
 # -- the worker's side ----------------------------------------------------------------------
+
 
 def serving_devices() -> list[tuple[int, Device]]:
     """What a worker serves, as llama.cpp's rpc-server picks: the GPUs, else the CPU."""
@@ -353,7 +379,9 @@ def listen_address(host: str, port: int) -> str:
     try:
         addr = socket.gethostbyname(host)
     except (socket.gaierror, UnicodeError) as e:
-        raise UsageError(f"--host {host!r}: not an IPv4 address or a name that resolves to one ({e})") from None
+        raise UsageError(
+            f"--host {host!r}: not an IPv4 address or a name that resolves to one ({e})"
+        ) from None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as llama.cpp's server does
         try:
@@ -363,10 +391,18 @@ def listen_address(host: str, port: int) -> str:
     return addr
 
 
-def serve(host: str, port: int, n_threads: int, cache_dir: str | None, devices: Sequence[int]) -> threading.Thread:
+def serve(
+    host: str, port: int, n_threads: int, cache_dir: str | None, devices: Sequence[int]
+) -> threading.Thread:
     """Start llama.cpp's RPC server on a daemon thread (it never returns while it serves)."""
-    start_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                               ctypes.POINTER(ctypes.c_void_p))
+    start_t = ctypes.CFUNCTYPE(
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
+    )
     start = start_t(_rpc_proc("ggml_backend_rpc_start_server"))
     arr = (ctypes.c_void_p * len(devices))(*devices)
     endpoint = f"{host}:{port}".encode()
@@ -380,7 +416,9 @@ def serve(host: str, port: int, n_threads: int, cache_dir: str | None, devices: 
     return t
 
 
-def place_devices(mparams: object, endpoints: Sequence[str], tensor_split: Sequence[float]) -> object:
+def place_devices(
+    mparams: object, endpoints: Sequence[str], tensor_split: Sequence[float]
+) -> object:
     """Point llama_model_params at the workers' devices (then this machine's GPUs, llama.cpp's
     order) and at the split; returns the arrays, which must outlive the model."""
     if not endpoints and not tensor_split:
@@ -390,7 +428,9 @@ def place_devices(mparams: object, endpoints: Sequence[str], tensor_split: Seque
     if endpoints:
         eps = [parse_endpoints(e)[0] for e in endpoints]
         add_workers(eps)
-        handles = worker_devices(eps) + [h for h in device_handles() if device_of(h).kind in ("gpu", "igpu")]
+        handles = worker_devices(eps) + [
+            h for h in device_handles() if device_of(h).kind in ("gpu", "igpu")
+        ]
         arr = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
         mparams.devices = ctypes.cast(arr, ctypes.c_void_p)  # type: ignore[attr-defined]
         keep.append(arr)

@@ -61,8 +61,7 @@ def problems(
         a, b = target_text(i), draft_text(i)
         if a != b:
             out.append(
-                f"draft vocabulary differs from the target's at token {i}: "
-                f"{_show(b)} vs {_show(a)}"
+                f"draft vocabulary differs from the target's at token {i}: {_show(b)} vs {_show(a)}"
             )
             break
     return out

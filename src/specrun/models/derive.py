@@ -133,8 +133,17 @@ def quantize_file(src: Path, part: Path, quant: str, threads: int | None = None)
     except OSError as exc:
         raise write_error(part.parent, exc) from None
     pkg_root = str(Path(__file__).resolve().parents[2])  # the folder holding specrun/
-    cmd = [sys.executable, "-c", _QUANTIZE_CHILD, pkg_root, str(src), str(part), quant,
-           str(threads or 0), str(os.getpid())]
+    cmd = [
+        sys.executable,
+        "-c",
+        _QUANTIZE_CHILD,
+        pkg_root,
+        str(src),
+        str(part),
+        quant,
+        str(threads or 0),
+        str(os.getpid()),
+    ]
     try:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -162,4 +171,3 @@ def quantize_file(src: Path, part: Path, quant: str, threads: int | None = None)
     raise ModelError(
         lines[-1] if lines else f"quantizing {src} to {quant} failed (exit {proc.returncode})"
     )
-

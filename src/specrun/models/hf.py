@@ -149,9 +149,7 @@ def _endpoint() -> str | None:
 def _try_cache(cache: Path, repo: str, filename: str, revision: str | None) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
-    got = try_to_load_from_cache(
-        repo, filename, cache_dir=str(cache), revision=revision or "main"
-    )
+    got = try_to_load_from_cache(repo, filename, cache_dir=str(cache), revision=revision or "main")
     return Path(got) if isinstance(got, str) and os.path.isfile(got) else None
 
 
@@ -278,7 +276,6 @@ def _resume_blob(
         fsync_dir(blob.parent)
     finally:
         lock.release()
-
 
 
 def delete_files(cache: Path, repo: str, paths: list[Path]) -> list[Path]:

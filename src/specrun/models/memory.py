@@ -66,7 +66,11 @@ def _int(value: object) -> int | None:
 
 
 def _per_layer(value: object, n_layer: int) -> list[int] | None:
-    if isinstance(value, tuple) and len(value) == n_layer and all(isinstance(v, int) for v in value):
+    if (
+        isinstance(value, tuple)
+        and len(value) == n_layer
+        and all(isinstance(v, int) for v in value)
+    ):
         return [int(v) for v in value]
     v = _int(value)
     return None if v is None else [v] * n_layer
@@ -103,7 +107,10 @@ class ModelShape:
                 f"{info.path}: no {a}block_count / embedding_length / attention.head_count in its "
                 "metadata, so its memory cannot be estimated"
             )
-        heads_kv = _per_layer(info.get(a + "attention.head_count_kv", n_head), n_layer) or [n_head] * n_layer
+        heads_kv = (
+            _per_layer(info.get(a + "attention.head_count_kv", n_head), n_layer)
+            or [n_head] * n_layer
+        )
         head_dim = n_embd // n_head
         k_len = _int(info.get(a + "attention.key_length")) or head_dim
         v_len = _int(info.get(a + "attention.value_length")) or head_dim
@@ -114,7 +121,11 @@ class ModelShape:
             n_vocab = len(tokens)
         else:
             n_vocab = _int(info.get(a + "vocab_size")) or 0
-        data = info.file_size - info.tensor_data_offset if info.tensor_data_offset >= 0 else info.file_size
+        data = (
+            info.file_size - info.tensor_data_offset
+            if info.tensor_data_offset >= 0
+            else info.file_size
+        )
         return cls(
             arch=arch,
             n_layer=n_layer,
@@ -125,12 +136,19 @@ class ModelShape:
             kv_width=tuple(h * (k_len + v_len) for h in heads_kv),
             weight_bytes=data,
             file_bytes=info.file_size,
-            repack_bytes=sum(info.layer_bytes_by_type.get(t, 0)
-                             for t in (TARGET_REPACKED_TYPES if target else REPACKED_TYPES)),
+            repack_bytes=sum(
+                info.layer_bytes_by_type.get(t, 0)
+                for t in (TARGET_REPACKED_TYPES if target else REPACKED_TYPES)
+            ),
         )
 
-    def kv_bytes(self, n_ctx: int, type_k: str = DEFAULT_CACHE_TYPE, type_v: str = DEFAULT_CACHE_TYPE,
-                 layers: int | None = None) -> int:
+    def kv_bytes(
+        self,
+        n_ctx: int,
+        type_k: str = DEFAULT_CACHE_TYPE,
+        type_v: str = DEFAULT_CACHE_TYPE,
+        layers: int | None = None,
+    ) -> int:
         """The KV cache of ``n_ctx`` cells (padded as llama.cpp does) over the first ``layers``."""
         cells = padded_ctx(n_ctx)
         widths = self.kv_width[: self.n_layer if layers is None else layers]

@@ -291,4 +291,3 @@ class Registry:
         if not file or snap is None:
             return removed
         return hf.delete_files(cache, e.hf_repo or "", [snap / part for part in split_parts(file)])
-

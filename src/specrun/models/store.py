@@ -171,4 +171,3 @@ class AtomicWriter:
             self.f.close()
         with contextlib.suppress(OSError):
             self.part.unlink()
-

@@ -290,9 +290,7 @@ def read_registry(builtin: Path | None = None, user: Path | None = None) -> Regi
                 )
         if "default" in data:
             if not isinstance(data["default"], str):
-                raise RegistryError(
-                    f"{src.path}: default must be a string naming a pair or model"
-                )
+                raise RegistryError(f"{src.path}: default must be a string naming a pair or model")
             default, default_src = data["default"], src
         for section in ("models", "pairs"):
             if not isinstance(data.get(section, {}), dict):
@@ -341,23 +339,14 @@ def _validate(reg: RegistryData, default_src: _Source | None) -> None:
                 raise err(
                     p.origin,
                     p.line,
-                    f"[pairs.{p.name}] {role} names unknown model {m!r}"
-                    + suggest(m, reg.models),
+                    f"[pairs.{p.name}] {role} names unknown model {m!r}" + suggest(m, reg.models),
                 )
-    if (
-        reg.default is not None
-        and reg.default not in reg.pairs
-        and reg.default not in reg.models
-    ):
+    if reg.default is not None and reg.default not in reg.pairs and reg.default not in reg.models:
         path = default_src.path if default_src else None
         line = None
         if default_src:
             line = next(
-                (
-                    i
-                    for i, s in enumerate(default_src.lines, 1)
-                    if re.match(r"\s*default\s*=", s)
-                ),
+                (i for i, s in enumerate(default_src.lines, 1) if re.match(r"\s*default\s*=", s)),
                 None,
             )
         raise err(

@@ -22,7 +22,10 @@ from specrun.server.worker import EngineWorker, Job, QueueFull
 from specrun.spec.sampling import SamplingParams
 
 MAX_BODY = 8 << 20  # bytes: far above any prompt a context holds, far below a memory problem
-OPEN_PATHS = ("/health", "/v1/health")  # answered without the API key (load balancers, llama-server)
+OPEN_PATHS = (
+    "/health",
+    "/v1/health",
+)  # answered without the API key (load balancers, llama-server)
 
 
 @dataclass
@@ -56,13 +59,20 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specrun = state
 
-    app.add_middleware(Edge, state=state)  # a plain ASGI layer: nothing in the way of a stream's chunks
+    app.add_middleware(
+        Edge, state=state
+    )  # a plain ASGI layer: nothing in the way of a stream's chunks
 
     if cors:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=cors, allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["*"], allow_credentials="*" not in cors)
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=cors,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            allow_credentials="*" not in cors,
+        )
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError) -> Response:
@@ -70,34 +80,62 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
-        msg = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-        return JSONResponse(error_body(exc.status_code, f"{msg}: {_request.method} {_request.url.path}",
-                                       code="not_found" if exc.status_code == 404 else None),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        msg = {404: "no such route", 405: "method not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return JSONResponse(
+            error_body(
+                exc.status_code,
+                f"{msg}: {_request.method} {_request.url.path}",
+                code="not_found" if exc.status_code == 404 else None,
+            ),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def crash(_request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+        return JSONResponse(
+            error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500
+        )
 
     @app.get("/health")
     @app.get("/v1/health")
     async def health() -> Response:
         if not state.ready:
-            return JSONResponse(error_body(503, "Loading model", code="loading"), status_code=503,
-                                headers={"Retry-After": "5"})
+            return JSONResponse(
+                error_body(503, "Loading model", code="loading"),
+                status_code=503,
+                headers={"Retry-After": "5"},
+            )
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     @app.get("/models")
     async def models() -> Response:
         engine = state.engine_or_503()
-        return JSONResponse({"object": "list", "data": [{
-            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "specrun",
-            "context_length": state.n_ctx,
-            "draft_model": state.draft_id,
-            "meta": {"n_ctx": state.n_ctx, "draft": state.draft_id is not None, "mode": engine.mode,
-                     "draft_max": engine.config.draft_max, "n_vocab": engine.target.n_vocab},
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_id,
+                        "object": "model",
+                        "created": state.created,
+                        "owned_by": "specrun",
+                        "context_length": state.n_ctx,
+                        "draft_model": state.draft_id,
+                        "meta": {
+                            "n_ctx": state.n_ctx,
+                            "draft": state.draft_id is not None,
+                            "mode": engine.mode,
+                            "draft_max": engine.config.draft_max,
+                            "n_vocab": engine.target.n_vocab,
+                        },
+                    }
+                ],
+            }
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -151,24 +189,49 @@ class Edge:
 
     def _refuse(self, scope: Any) -> APIError | None:
         state = self.state
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        if state.api_key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
+        }
+        if (
+            state.api_key is not None
+            and scope["path"] not in OPEN_PATHS
+            and scope["method"] != "OPTIONS"
+        ):
             auth = headers.get("authorization", "")
             scheme, _, key = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), state.api_key.encode()):
-                return APIError(401, "Invalid API key: send Authorization: Bearer KEY"
-                                if auth else "Missing API key: send Authorization: Bearer KEY",
-                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                key.strip().encode(), state.api_key.encode()
+            ):
+                return APIError(
+                    401,
+                    "Invalid API key: send Authorization: Bearer KEY"
+                    if auth
+                    else "Missing API key: send Authorization: Bearer KEY",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > state.max_body:
-            return APIError(413, f"the request body is {int(length)} bytes; the limit is {state.max_body}",
-                            code="request_too_large")
+            return APIError(
+                413,
+                f"the request body is {int(length)} bytes; the limit is {state.max_body}",
+                code="request_too_large",
+            )
         return None
 
 
 def _endpoint(path: str) -> str:
-    known = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-             "/v1/models", "/models", "/health", "/v1/health", "/metrics")
+    known = (
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/completions",
+        "/completions",
+        "/v1/models",
+        "/models",
+        "/health",
+        "/v1/health",
+        "/metrics",
+    )
     return path if path in known else "other"
 
 
@@ -181,7 +244,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
     async for part in request.stream():
         size += len(part)
         if size > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="request_too_large")
+            raise APIError(
+                413,
+                f"the request body is over the limit of {limit} bytes",
+                code="request_too_large",
+            )
         chunks.append(part)
     return b"".join(chunks)
 
@@ -195,11 +262,16 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
         if req.kind == "chat":
             if not target.chat_template():
                 raise bad(f"{state.model_id} has no chat template: use /v1/completions", "messages")
-            tokens = encode_chat(target, req.messages or [], template_kwargs=state.template_kwargs or None)
+            tokens = encode_chat(
+                target, req.messages or [], template_kwargs=state.template_kwargs or None
+            )
         elif isinstance(req.prompt, list):
             bad_ids = [t for t in req.prompt if not 0 <= t < target.n_vocab]
             if bad_ids:
-                raise bad(f"prompt: token id {bad_ids[0]} is outside the vocabulary (0..{target.n_vocab - 1})", "prompt")
+                raise bad(
+                    f"prompt: token id {bad_ids[0]} is outside the vocabulary (0..{target.n_vocab - 1})",
+                    "prompt",
+                )
             tokens = list(req.prompt)
         else:
             tokens, _ = encode_prompt(target, req.prompt or "", False, None, None)
@@ -208,9 +280,14 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
     if not tokens:
         raise bad(f"{param}: the prompt is empty", param)
     if len(tokens) >= state.n_ctx:
-        raise APIError(400, f"{param}: the prompt is {len(tokens)} tokens but the context holds "
-                       f"{state.n_ctx}: {len(tokens) - state.n_ctx + 1} too many (start the server "
-                       "with a larger --ctx, or shorten the prompt)", param, "context_length_exceeded")
+        raise APIError(
+            400,
+            f"{param}: the prompt is {len(tokens)} tokens but the context holds "
+            f"{state.n_ctx}: {len(tokens) - state.n_ctx + 1} too many (start the server "
+            "with a larger --ctx, or shorten the prompt)",
+            param,
+            "context_length_exceeded",
+        )
     return tokens
 
 
@@ -228,13 +305,20 @@ async def _generate(state: ServerState, request: Request, kind: str) -> Response
         state.worker.submit(job)
     except QueueFull as exc:
         state.metrics.rejected_full.inc()
-        raise APIError(503, f"{exc}: retry later", code="queue_full",
-                       headers={"Retry-After": str(state.worker.retry_after())}) from None
+        raise APIError(
+            503,
+            f"{exc}: retry later",
+            code="queue_full",
+            headers={"Retry-After": str(state.worker.retry_after())},
+        ) from None
     rid = R.new_id(kind)
     model = req.model or state.model_id
     if req.stream:
-        return StreamingResponse(_stream(job, kind, rid, model), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _stream(job, kind, rid, model),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     results = await _collect(job, request)
     return JSONResponse(R.completion(kind, rid, model, results, req.return_tokens))
 
@@ -259,12 +343,17 @@ async def _collect(job: Job, request: Request) -> list[Any]:
         while True:
             item = await _next(job, request)
             if item[0] == "error":
-                raise APIError(item[1], item[2], code="server_error" if item[1] >= 500 else "invalid_value")
+                raise APIError(
+                    item[1], item[2], code="server_error" if item[1] >= 500 else "invalid_value"
+                )
             if item[0] == "end":
                 results, state = item[1], item[2]
                 if state == "cancelled" or len(results) < job.req.n:
-                    raise APIError(503, "the generation was cancelled (the server is shutting down)",
-                                   code="cancelled")
+                    raise APIError(
+                        503,
+                        "the generation was cancelled (the server is shutting down)",
+                        code="cancelled",
+                    )
                 return results
     finally:
         job.cancel.set()  # a no-op once it ended; stops it when this handler is torn down
@@ -295,11 +384,15 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
         elif tag == "result":
             i, res = item[1], item[2]
             opened(i, out)
-            extra: dict[str, Any] = {"timings": R.timings(res.stats, R.cached_of(res)),
-                                     "specrun": R.specrun_stats(res)}
+            extra: dict[str, Any] = {
+                "timings": R.timings(res.stats, R.cached_of(res)),
+                "specrun": R.specrun_stats(res),
+            }
             if req.return_tokens:
                 extra["tokens"] = list(res.tokens)
-            fin = R.delta_choice(kind, i, None if kind == "chat" else "", R.FINISH.get(res.finish_reason, "stop"))
+            fin = R.delta_choice(
+                kind, i, None if kind == "chat" else "", R.FINISH.get(res.finish_reason, "stop")
+            )
             out.append(ch([fin], **extra))
         elif tag == "error":
             out.append(R.sse({"error": error_body(item[1], item[2])["error"]}))
@@ -307,11 +400,24 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
         elif tag == "end":
             results, st = item[1], item[2]
             if st == "cancelled":
-                out.append(R.sse({"error": error_body(503, "the generation was cancelled (the server is "
-                                                      "shutting down)", code="cancelled")["error"]}))
+                out.append(
+                    R.sse(
+                        {
+                            "error": error_body(
+                                503,
+                                "the generation was cancelled (the server is shutting down)",
+                                code="cancelled",
+                            )["error"]
+                        }
+                    )
+                )
             elif usage_too and results:
                 u, t, s = R.merged_stats(results)
-                out.append(R.sse(R.chunk(kind, rid, model, created, [], False, usage=u, timings=t, specrun=s)))
+                out.append(
+                    R.sse(
+                        R.chunk(kind, rid, model, created, [], False, usage=u, timings=t, specrun=s)
+                    )
+                )
             return True
         return False
 

@@ -24,19 +24,34 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 # (field, what is supported instead): refused when present with a value that asks for something.
 _REFUSED_CHAT: dict[str, str | None] = {
-    "tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-    "function_call": "function calling", "parallel_tool_calls": None,
-    "logprobs": "log probabilities", "top_logprobs": "log probabilities",
-    "response_format": "structured output (response_format)", "logit_bias": "logit_bias",
-    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "audio": "audio output", "modalities": None, "prediction": "predicted outputs",
-    "grammar": "grammars", "json_schema": "JSON schemas",
+    "tools": "tool calling",
+    "tool_choice": "tool calling",
+    "functions": "function calling",
+    "function_call": "function calling",
+    "parallel_tool_calls": None,
+    "logprobs": "log probabilities",
+    "top_logprobs": "log probabilities",
+    "response_format": "structured output (response_format)",
+    "logit_bias": "logit_bias",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "audio": "audio output",
+    "modalities": None,
+    "prediction": "predicted outputs",
+    "grammar": "grammars",
+    "json_schema": "JSON schemas",
 }
 _REFUSED_COMPLETION: dict[str, str | None] = {
-    "logprobs": "log probabilities", "logit_bias": "logit_bias", "echo": "echo",
-    "suffix": "suffix (fill-in-the-middle)", "best_of": "best_of",
-    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-    "grammar": "grammars", "json_schema": "JSON schemas", "response_format": "structured output",
+    "logprobs": "log probabilities",
+    "logit_bias": "logit_bias",
+    "echo": "echo",
+    "suffix": "suffix (fill-in-the-middle)",
+    "best_of": "best_of",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "grammar": "grammars",
+    "json_schema": "JSON schemas",
+    "response_format": "structured output",
 }
 
 
@@ -65,13 +80,24 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad(f"the request body is not valid JSON: {exc}", None, "invalid_json") from None
     if not isinstance(body, dict):
-        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_json")
+        raise bad(
+            f"the request body must be a JSON object, got {type(body).__name__}",
+            None,
+            "invalid_json",
+        )
     return body
 
 
 def _kind(v: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
 
 
 def _int(body: dict[str, Any], name: str, lo: int, hi: int, param: str | None = None) -> int | None:
@@ -88,8 +114,14 @@ def _int(body: dict[str, Any], name: str, lo: int, hi: int, param: str | None = 
     return v
 
 
-def _num(body: dict[str, Any], name: str, lo: float, hi: float, param: str | None = None,
-         lo_open: bool = False) -> float | None:
+def _num(
+    body: dict[str, Any],
+    name: str,
+    lo: float,
+    hi: float,
+    param: str | None = None,
+    lo_open: bool = False,
+) -> float | None:
     v = body.get(name)
     param = param or name
     if v is None:
@@ -107,7 +139,9 @@ def _bool(body: dict[str, Any], name: str, param: str | None = None) -> bool | N
     if v is None:
         return None
     if not isinstance(v, bool):
-        raise bad(f"{param or name} must be a boolean, got {_kind(v)}", param or name, "invalid_type")
+        raise bad(
+            f"{param or name} must be a boolean, got {_kind(v)}", param or name, "invalid_type"
+        )
     return v
 
 
@@ -131,8 +165,11 @@ def _refuse(body: dict[str, Any], table: dict[str, str | None]) -> None:
             continue
         if name == "modalities" and v == ["text"]:
             continue
-        raise bad(f"{name} is not supported by specrun serve ({what or name} is not available)",
-                  name, "unsupported_parameter")
+        raise bad(
+            f"{name} is not supported by specrun serve ({what or name} is not available)",
+            name,
+            "unsupported_parameter",
+        )
 
 
 def _content(v: Any, param: str) -> str:
@@ -142,15 +179,26 @@ def _content(v: Any, param: str) -> str:
         parts = []
         for j, p in enumerate(v):
             if not isinstance(p, dict) or not isinstance(p.get("type"), str):
-                raise bad(f"{param}[{j}] must be a content part object with a type", f"{param}[{j}]", "invalid_type")
+                raise bad(
+                    f"{param}[{j}] must be a content part object with a type",
+                    f"{param}[{j}]",
+                    "invalid_type",
+                )
             if p["type"] != "text":
-                raise bad(f"{param}[{j}]: content of type {p['type']!r} is not supported (text only)",
-                          f"{param}[{j}].type", "unsupported_parameter")
+                raise bad(
+                    f"{param}[{j}]: content of type {p['type']!r} is not supported (text only)",
+                    f"{param}[{j}].type",
+                    "unsupported_parameter",
+                )
             if not isinstance(p.get("text"), str):
-                raise bad(f"{param}[{j}].text must be a string", f"{param}[{j}].text", "invalid_type")
+                raise bad(
+                    f"{param}[{j}].text must be a string", f"{param}[{j}].text", "invalid_type"
+                )
             parts.append(p["text"])
         return "".join(parts)
-    raise bad(f"{param} must be a string or an array of text parts, got {_kind(v)}", param, "invalid_type")
+    raise bad(
+        f"{param} must be a string or an array of text parts, got {_kind(v)}", param, "invalid_type"
+    )
 
 
 def parse_messages(v: Any) -> list[dict[str, str]]:
@@ -169,11 +217,22 @@ def parse_messages(v: Any) -> list[dict[str, str]]:
         if not isinstance(role, str):
             raise bad(f"{p}.role is required (a string)", f"{p}.role", "invalid_type")
         if role not in ROLES:
-            what = "tool messages (tool calling)" if role in ("tool", "function") else f"the role {role!r}"
-            raise bad(f"{p}.role: {what} not supported (system, developer, user, assistant)",
-                      f"{p}.role", "unsupported_parameter" if role in ("tool", "function") else "invalid_value")
+            what = (
+                "tool messages (tool calling)"
+                if role in ("tool", "function")
+                else f"the role {role!r}"
+            )
+            raise bad(
+                f"{p}.role: {what} not supported (system, developer, user, assistant)",
+                f"{p}.role",
+                "unsupported_parameter" if role in ("tool", "function") else "invalid_value",
+            )
         if m.get("tool_calls") or m.get("function_call"):
-            raise bad(f"{p}.tool_calls: tool calling is not supported", f"{p}.tool_calls", "unsupported_parameter")
+            raise bad(
+                f"{p}.tool_calls: tool calling is not supported",
+                f"{p}.tool_calls",
+                "unsupported_parameter",
+            )
         if "content" not in m or m["content"] is None:
             raise bad(f"{p}.content is required", f"{p}.content", "missing_required_parameter")
         out.append({"role": ROLES[role], "content": _content(m["content"], f"{p}.content")})
@@ -190,9 +249,16 @@ def parse_prompt(v: Any) -> str | list[int]:
     if isinstance(v, list) and len(v) == 1:
         return parse_prompt(v[0])
     if isinstance(v, list) and len(v) > 1:
-        raise bad("prompt: one prompt per request (send several requests, or n for several "
-                  "completions)", "prompt", "unsupported_parameter")
-    raise bad(f"prompt must be a string or an array of token ids, got {_kind(v)}", "prompt", "invalid_type")
+        raise bad(
+            "prompt: one prompt per request (send several requests, or n for several completions)",
+            "prompt",
+            "unsupported_parameter",
+        )
+    raise bad(
+        f"prompt must be a string or an array of token ids, got {_kind(v)}",
+        "prompt",
+        "invalid_type",
+    )
 
 
 def parse_stop(v: Any) -> list[str]:
@@ -209,7 +275,9 @@ def parse_stop(v: Any) -> list[str]:
     return list(v)
 
 
-def parse_request(body: dict[str, Any], kind: str, defaults: SamplingParams, n_ctx: int) -> GenRequest:
+def parse_request(
+    body: dict[str, Any], kind: str, defaults: SamplingParams, n_ctx: int
+) -> GenRequest:
     """Validate ``body`` (a chat or completion request) against the server's defaults."""
     _refuse(body, _REFUSED_CHAT if kind == "chat" else _REFUSED_COMPLETION)
     model = body.get("model")
@@ -261,17 +329,32 @@ def parse_request(body: dict[str, Any], kind: str, defaults: SamplingParams, n_c
     mode = own.get("mode")
     if mode is not None:
         if not isinstance(mode, str) or mode not in MODES:
-            raise bad(f"specrun.mode must be one of {', '.join(MODES)}, got {mode!r}", "specrun.mode")
+            raise bad(
+                f"specrun.mode must be one of {', '.join(MODES)}, got {mode!r}", "specrun.mode"
+            )
         if spec.get("mode") == "none" and mode != "none":
-            raise bad("speculative.n_max 0 means no drafting, but specrun.mode asks for "
-                      f"{mode}", "speculative.n_max")
+            raise bad(
+                f"speculative.n_max 0 means no drafting, but specrun.mode asks for {mode}",
+                "speculative.n_max",
+            )
         spec["mode"] = mode
     return_tokens = bool(_bool(own, "return_tokens", "specrun.return_tokens"))
     cache_prompt = _bool(body, "cache_prompt")  # llama-server's name
-    return GenRequest(kind=kind, model=model, messages=messages, prompt=prompt, max_tokens=max_tokens,
-                      params=params, stop=parse_stop(body.get("stop")), n=n, stream=stream,
-                      include_usage=include_usage, spec=spec, return_tokens=return_tokens,
-                      cache_prompt=True if cache_prompt is None else cache_prompt)
+    return GenRequest(
+        kind=kind,
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        params=params,
+        stop=parse_stop(body.get("stop")),
+        n=n,
+        stream=stream,
+        include_usage=include_usage,
+        spec=spec,
+        return_tokens=return_tokens,
+        cache_prompt=True if cache_prompt is None else cache_prompt,
+    )
 
 
 def check_spec(spec: dict[str, Any], engine: Any) -> None:
@@ -279,10 +362,15 @@ def check_spec(spec: dict[str, Any], engine: Any) -> None:
     cfg = engine.config
     mode = spec.get("mode", cfg.mode)
     if mode in ("draft", "hybrid") and engine.draft_model is None:
-        raise bad(f"specrun.mode {mode} needs a draft model, and this server has none loaded "
-                  "(start it with a --pair or -md, and --mode auto|draft|hybrid)", "specrun.mode")
+        raise bad(
+            f"specrun.mode {mode} needs a draft model, and this server has none loaded "
+            "(start it with a --pair or -md, and --mode auto|draft|hybrid)",
+            "specrun.mode",
+        )
     if mode != "none" and not engine.target.can_truncate:
-        raise bad("this target's cache cannot be rolled back: only mode none is possible", "specrun.mode")
+        raise bad(
+            "this target's cache cannot be rolled back: only mode none is possible", "specrun.mode"
+        )
     k = spec.get("draft_max", cfg.draft_max)
     if spec.get("draft_min", cfg.draft_min) > k:
         raise bad(f"speculative.n_min must be <= n_max ({k})", "speculative.n_min")

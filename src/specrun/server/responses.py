@@ -15,9 +15,12 @@ def new_id(kind: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def timings(stats: Any, cached: int) -> dict[str, Any]:
@@ -27,13 +30,16 @@ def timings(stats: Any, cached: int) -> dict[str, Any]:
     gn, gms = stats.generated, stats.decode_seconds * 1000.0
     return {
         "cache_n": cached,
-        "prompt_n": pn, "prompt_ms": round(pms, 3),
+        "prompt_n": pn,
+        "prompt_ms": round(pms, 3),
         "prompt_per_token_ms": round(pms / pn, 3) if pn else 0.0,
         "prompt_per_second": round(pn * 1000.0 / pms, 3) if pms > 0 else 0.0,
-        "predicted_n": gn, "predicted_ms": round(gms, 3),
+        "predicted_n": gn,
+        "predicted_ms": round(gms, 3),
         "predicted_per_token_ms": round(gms / gn, 3) if gn else 0.0,
         "predicted_per_second": round(gn * 1000.0 / gms, 3) if gms > 0 else 0.0,
-        "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
     }
 
 
@@ -44,8 +50,12 @@ def cached_of(result: Any) -> int:
 
 def specrun_stats(result: Any) -> dict[str, Any]:
     """The ``stats`` object of ``specrun generate --json``, with the mode and seed used."""
-    return {**result.stats.to_dict(), "mode": result.mode, "seed": result.seed,
-            "finish_reason": result.finish_reason}
+    return {
+        **result.stats.to_dict(),
+        "mode": result.mode,
+        "seed": result.seed,
+        "finish_reason": result.finish_reason,
+    }
 
 
 def merged_stats(results: list[Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -58,7 +68,9 @@ def merged_stats(results: list[Any]) -> tuple[dict[str, Any], dict[str, Any], di
     if len(results) > 1:
         t["predicted_n"] = gen
         t["predicted_ms"] = round(sum(r.stats.decode_seconds for r in results) * 1000.0, 3)
-        t["predicted_per_second"] = round(gen * 1000.0 / t["predicted_ms"], 3) if t["predicted_ms"] else 0.0
+        t["predicted_per_second"] = (
+            round(gen * 1000.0 / t["predicted_ms"], 3) if t["predicted_ms"] else 0.0
+        )
         t["predicted_per_token_ms"] = round(t["predicted_ms"] / gen, 3) if gen else 0.0
         t["draft_n"] = sum(r.stats.drafted for r in results)
         t["draft_n_accepted"] = sum(r.stats.accepted for r in results)
@@ -71,8 +83,12 @@ def merged_stats(results: list[Any]) -> tuple[dict[str, Any], dict[str, Any], di
 def choice(kind: str, index: int, result: Any, return_tokens: bool) -> dict[str, Any]:
     reason = FINISH.get(result.finish_reason, "stop")
     if kind == "chat":
-        c: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": None, "finish_reason": reason}
+        c: dict[str, Any] = {
+            "index": index,
+            "message": {"role": "assistant", "content": result.text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
     else:
         c = {"index": index, "text": result.text, "logprobs": None, "finish_reason": reason}
     if return_tokens:
@@ -80,7 +96,9 @@ def choice(kind: str, index: int, result: Any, return_tokens: bool) -> dict[str,
     return c
 
 
-def completion(kind: str, rid: str, model: str, results: list[Any], return_tokens: bool) -> dict[str, Any]:
+def completion(
+    kind: str, rid: str, model: str, results: list[Any], return_tokens: bool
+) -> dict[str, Any]:
     u, t, s = merged_stats(results)
     return {
         "id": rid,
@@ -95,8 +113,15 @@ def completion(kind: str, rid: str, model: str, results: list[Any], return_token
     }
 
 
-def chunk(kind: str, rid: str, model: str, created: int, choices: list[dict[str, Any]],
-          include_usage: bool, **extra: Any) -> dict[str, Any]:
+def chunk(
+    kind: str,
+    rid: str,
+    model: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    include_usage: bool,
+    **extra: Any,
+) -> dict[str, Any]:
     obj: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -111,8 +136,9 @@ def chunk(kind: str, rid: str, model: str, created: int, choices: list[dict[str,
     return obj
 
 
-def delta_choice(kind: str, index: int, text: str | None, finish: str | None = None,
-                 role: bool = False) -> dict[str, Any]:
+def delta_choice(
+    kind: str, index: int, text: str | None, finish: str | None = None, role: bool = False
+) -> dict[str, Any]:
     if kind == "chat":
         d: dict[str, Any] = {}
         if role:
@@ -124,5 +150,7 @@ def delta_choice(kind: str, index: int, text: str | None, finish: str | None = N
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    data = (
+        obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    )
     return f"data: {data}\n\n".encode()

@@ -41,9 +41,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(opts: Any, defaults: Any, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-          cors: list[str] | None = None, queue: int = 64, template_kwargs: dict[str, Any] | None = None,
-          max_body: int = MAX_BODY, tty: bool | None = None) -> int:
+def serve(
+    opts: Any,
+    defaults: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    cors: list[str] | None = None,
+    queue: int = 64,
+    template_kwargs: dict[str, Any] | None = None,
+    max_body: int = MAX_BODY,
+    tty: bool | None = None,
+) -> int:
     import uvicorn
 
     from specrun.session import load_engine
@@ -52,17 +62,30 @@ def serve(opts: Any, defaults: Any, *, host: str = "127.0.0.1", port: int = 8080
         raise SpecrunError("--queue must be >= 1")
     status = Status(tty)
     if not is_loopback(host) and not api_key:
-        status.log(f"warning: listening on {host}, beyond this machine, without --api-key: anyone who "
-                   "can reach it can use it")
+        status.log(
+            f"warning: listening on {host}, beyond this machine, without --api-key: anyone who "
+            "can reach it can use it"
+        )
     sock = bind(host, port)
     real_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     status.url = f"http://{shown}:{real_port}"
-    state = ServerState(defaults=defaults, api_key=api_key or None, max_body=max_body,
-                        template_kwargs=dict(template_kwargs or {}), status=status)
+    state = ServerState(
+        defaults=defaults,
+        api_key=api_key or None,
+        max_body=max_body,
+        template_kwargs=dict(template_kwargs or {}),
+        status=status,
+    )
     app = create_app(state, cors)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5, server_header=False)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
     server = _Server(config)
     failure: list[BaseException] = []
 
@@ -71,13 +94,23 @@ def serve(opts: Any, defaults: Any, *, host: str = "127.0.0.1", port: int = 8080
             state.metrics.record(r.stats, r.prompt_tokens)
         if st == "cancelled":
             state.metrics.cancelled.inc()
-        cached = max(0, results[0].prompt_tokens - results[0].stats.prefill_tokens) if results else 0
-        status.done(f"/v1/{'chat/' if job.req.kind == 'chat' else ''}completions", len(job.tokens), cached,
-                    results, st, time.perf_counter() - (job.started or job.enqueued))
+        cached = (
+            max(0, results[0].prompt_tokens - results[0].stats.prefill_tokens) if results else 0
+        )
+        status.done(
+            f"/v1/{'chat/' if job.req.kind == 'chat' else ''}completions",
+            len(job.tokens),
+            cached,
+            results,
+            st,
+            time.perf_counter() - (job.started or job.enqueued),
+        )
 
     def load() -> None:
         try:
-            loaded = load_engine(opts, status=status.say, warn=lambda m: status.log(f"warning: {m}"))
+            loaded = load_engine(
+                opts, status=status.say, warn=lambda m: status.log(f"warning: {m}")
+            )
         except BaseException as exc:  # noqa: BLE001 - reported after the server stops
             failure.append(exc)
             server.should_exit = True
@@ -94,8 +127,10 @@ def serve(opts: Any, defaults: Any, *, host: str = "127.0.0.1", port: int = 8080
         status.worker, status.metrics = worker, state.metrics
         state.worker = worker  # last: /health turns 200 now
         draft = f" + draft {state.draft_id}" if state.draft_id else ""
-        status.log(f"ready: {state.model_id}{draft}, mode {engine.mode}, context {state.n_ctx}, "
-                   f"queue {queue}")
+        status.log(
+            f"ready: {state.model_id}{draft}, mode {engine.mode}, context {state.n_ctx}, "
+            f"queue {queue}"
+        )
 
     server.on_exit = lambda: _cancel_all(state)
     status.log(f"listening on {status.url} (OpenAI API at {status.url}/v1)")

@@ -71,11 +71,21 @@ class Status:
         busy = "generating" if w.running is not None else "idle"
         where = self.url.removeprefix("http://")
         errors = f" · {self.errors} errors" if self.errors else ""
-        return (f"[bold]specrun serve[/] {where} {busy} · {self.served} served · queue {w.waiting} · "
-                f"accept {acc} · {tps} tok/s{errors}")
+        return (
+            f"[bold]specrun serve[/] {where} {busy} · {self.served} served · queue {w.waiting} · "
+            f"accept {acc} · {tps} tok/s{errors}"
+        )
 
     # -- events ---------------------------------------------------------------------------
-    def done(self, endpoint: str, prompt: int, cached: int, results: list[Any], state: str, seconds: float) -> None:
+    def done(
+        self,
+        endpoint: str,
+        prompt: int,
+        cached: int,
+        results: list[Any],
+        state: str,
+        seconds: float,
+    ) -> None:
         if state == "done":
             self.served += 1
         elif state == "cancelled":
@@ -89,9 +99,11 @@ class Status:
         drafted = sum(r.stats.drafted for r in results)
         acc = sum(r.stats.accepted for r in results)
         mode = results[0].mode if results else "-"
-        self.log(f"{endpoint} {state}: prompt {prompt} (cached {cached}), {gen} tokens, "
-                 f"{gen / dec if dec > 0 else 0.0:.1f} tok/s, mode {mode}, accepted {acc}/{drafted}, "
-                 f"{seconds:.2f} s")
+        self.log(
+            f"{endpoint} {state}: prompt {prompt} (cached {cached}), {gen} tokens, "
+            f"{gen / dec if dec > 0 else 0.0:.1f} tok/s, mode {mode}, accepted {acc}/{drafted}, "
+            f"{seconds:.2f} s"
+        )
 
 
 def now() -> float:

@@ -45,7 +45,9 @@ class QueueFull(Exception):
 class EngineWorker:
     """Runs jobs on the engine, in order, one at a time."""
 
-    def __init__(self, engine: Any, max_queue: int, on_done: Callable[[Job, list[Result], str], None]) -> None:
+    def __init__(
+        self, engine: Any, max_queue: int, on_done: Callable[[Job, list[Result], str], None]
+    ) -> None:
         self.engine = engine
         self.max_queue = max_queue
         self.on_done = on_done
@@ -96,7 +98,9 @@ class EngineWorker:
                     continue
                 job.started = time.perf_counter()
                 results, state = self._run(job)
-                self.recent_seconds += 0.2 * (time.perf_counter() - job.started - self.recent_seconds)
+                self.recent_seconds += 0.2 * (
+                    time.perf_counter() - job.started - self.recent_seconds
+                )
                 try:
                     self.on_done(job, results, state)
                 except Exception:  # noqa: BLE001 - bookkeeping never stops the engine
@@ -113,9 +117,13 @@ class EngineWorker:
         before = engine.configure(**req.spec) if req.spec else None
         try:
             for i in range(req.n):
-                gen = engine.generate(job.tokens, max_tokens=req.max_tokens or 0,
-                                      params=replace(req.params, seed=req.params.seed + i),
-                                      stop=req.stop, reuse_cache=req.cache_prompt)
+                gen = engine.generate(
+                    job.tokens,
+                    max_tokens=req.max_tokens or 0,
+                    params=replace(req.params, seed=req.params.seed + i),
+                    stop=req.stop,
+                    reuse_cache=req.cache_prompt,
+                )
                 try:
                     for ev in gen:
                         if isinstance(ev, Result):
@@ -139,6 +147,10 @@ class EngineWorker:
             job.emit("error", 500, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             if before is not None:
-                engine.configure(mode=before.mode, draft_max=before.draft_max,
-                                 draft_min=before.draft_min, draft_p_min=before.draft_p_min)
+                engine.configure(
+                    mode=before.mode,
+                    draft_max=before.draft_max,
+                    draft_min=before.draft_min,
+                    draft_p_min=before.draft_p_min,
+                )
         return results, state

@@ -38,10 +38,19 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
     st = Path(model.path).stat()
     cp = model.context_params()
     parts = [
-        str(_VERSION), str(Path(model.path).resolve()), str(st.st_size), str(st.st_mtime_ns),
-        system_info(), cpu_name(), str(cp["n_threads"]), str(cp["n_threads_batch"]),
-        str(cp.get("gpu_layers", 0)), str(cp.get("flash_attn")), str(cp.get("type_k")),
-        str(model.single_rows), ",".join(map(str, sizes)),
+        str(_VERSION),
+        str(Path(model.path).resolve()),
+        str(st.st_size),
+        str(st.st_mtime_ns),
+        system_info(),
+        cpu_name(),
+        str(cp["n_threads"]),
+        str(cp["n_threads_batch"]),
+        str(cp.get("gpu_layers", 0)),
+        str(cp.get("flash_attn")),
+        str(cp.get("type_k")),
+        str(model.single_rows),
+        ",".join(map(str, sizes)),
     ]
     if cp.get("rpc"):  # layers on RPC workers: every pass pays their round trips
         parts += [",".join(cp["rpc"]), ",".join(map(str, cp.get("tensor_split") or ()))]

@@ -48,13 +48,21 @@ def pass_cost(k: int, c: float, verify_cost: Callable[[int], float]) -> float:
     return (k * c if k else 0.0) + verify_cost(k + 1)
 
 
-def predicted_speedup(cum_acc: Sequence[float], k: int, c: float, verify_cost: Callable[[int], float]) -> float:
+def predicted_speedup(
+    cum_acc: Sequence[float], k: int, c: float, verify_cost: Callable[[int], float]
+) -> float:
     return expected_tokens(cum_acc, k) / pass_cost(k, c, verify_cost)
 
 
 def attempt_speedup(
-    cum_acc: Sequence[float], k: int, c: float, verify_cost: Callable[[int], float],
-    go: float = 1.0, per_accepted: float = 0.0, fixed: float = 0.0, go_on: float | None = None,
+    cum_acc: Sequence[float],
+    k: int,
+    c: float,
+    verify_cost: Callable[[int], float],
+    go: float = 1.0,
+    per_accepted: float = 0.0,
+    fixed: float = 0.0,
+    go_on: float | None = None,
 ) -> float:
     """Speed-up of a draft attempt of up to K tokens that proposes its first with probability
     ``go`` and goes on past each later one with probability ``go_on`` (see the module's notes)."""
@@ -64,7 +72,9 @@ def attempt_speedup(
         go_on = go
     if go >= 1.0 and go_on >= 1.0:
         e = expected_tokens(cum_acc, k)
-        return e / (pass_cost(k, c, verify_cost) + c * cum_acc[k - 1] + per_accepted * (e - 1.0) + fixed)
+        return e / (
+            pass_cost(k, c, verify_cost) + c * cum_acc[k - 1] + per_accepted * (e - 1.0) + fixed
+        )
     tokens, cost = 0.0, fixed
     accepted = 0.0  # expected accepted drafts of a proposal of length j
     for j in range(k + 1):
@@ -79,8 +89,14 @@ def attempt_speedup(
 
 
 def best_k(
-    cum_acc: Sequence[float], c: float, verify_cost: Callable[[int], float], k_max: int,
-    go: float = 1.0, per_accepted: float = 0.0, fixed: float = 0.0, go_on: float | None = None,
+    cum_acc: Sequence[float],
+    c: float,
+    verify_cost: Callable[[int], float],
+    k_max: int,
+    go: float = 1.0,
+    per_accepted: float = 0.0,
+    fixed: float = 0.0,
+    go_on: float | None = None,
 ) -> tuple[int, float]:
     """The K in 0..k_max with the highest predicted speed-up (K = 0: plain decoding, 1.0)."""
     best = (0, predicted_speedup(cum_acc, 0, c, verify_cost))

@@ -40,7 +40,11 @@ class Drafter(Protocol):
         ...
 
     def propose(
-        self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
+        self,
+        tokens: list[int],
+        k: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
         greedy_draft: bool,
     ) -> Proposal: ...
 
@@ -130,8 +134,13 @@ class DraftModel:
         return len(todo)
 
     def propose(
-        self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
-        greedy_draft: bool, window: int | None = None,
+        self,
+        tokens: list[int],
+        k: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+        window: int | None = None,
     ) -> Proposal:
         """Up to ``k`` tokens after ``tokens``. ``window``: catch up on at most that many of the
         tokens the draft has not seen (the last ones), skipping the rest."""
@@ -144,7 +153,7 @@ class DraftModel:
             gap = base - max(window, 1) - self.n_cached
             self._pos.extend([-1] * gap)
             self.skipped += gap
-        catch_up = tokens[self.n_cached:]
+        catch_up = tokens[self.n_cached :]
         t0 = time.perf_counter()
         self._append(catch_up, len(catch_up) - 1)
         self.last_catch_up = (len(catch_up), time.perf_counter() - t0)

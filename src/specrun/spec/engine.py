@@ -37,7 +37,9 @@ class SpecConfig:
     draft_max: int = defaults.DRAFT_MAX
     draft_min: int = defaults.DRAFT_MIN
     draft_p_min: float = defaults.DRAFT_P_MIN
-    verify: str = defaults.VERIFY  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
+    verify: str = (
+        defaults.VERIFY
+    )  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
     lookup_min: int = defaults.LOOKUP_MIN
     lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None  # a file of earlier outputs kept across runs
@@ -59,11 +61,17 @@ class SpecConfig:
                 f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
             )
         if self.lookup_kind not in LOOKUP_KINDS:
-            raise UsageError(f"--lookup-kind must be one of {', '.join(LOOKUP_KINDS)}, got {self.lookup_kind!r}")
+            raise UsageError(
+                f"--lookup-kind must be one of {', '.join(LOOKUP_KINDS)}, got {self.lookup_kind!r}"
+            )
         if not 1 <= self.lookup_draft_max <= MAX_DRAFT:
-            raise UsageError(f"--lookup-draft-max must be 1 to {MAX_DRAFT}, got {self.lookup_draft_max}")
+            raise UsageError(
+                f"--lookup-draft-max must be 1 to {MAX_DRAFT}, got {self.lookup_draft_max}"
+            )
         if self.verify not in VERIFY_RULES:
-            raise UsageError(f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}")
+            raise UsageError(
+                f"--verify must be one of {', '.join(VERIFY_RULES)}, got {self.verify!r}"
+            )
 
 
 @dataclass
@@ -111,11 +119,17 @@ class Engine:
         self.lookup: Drafter | None = None  # the lookup drafter, when the mode has one
         self.policy = self._make_policy(self.mode)
         self.k_cap = self._k_cap()  # longest draft any drafter of this engine may propose
-        self._policies: dict[tuple[str, int], Policy] = {(self.mode, self.config.draft_max): self.policy}
+        self._policies: dict[tuple[str, int], Policy] = {
+            (self.mode, self.config.draft_max): self.policy
+        }
 
     def _k_cap(self) -> int:
-        if self.lookup is not None and self.config.lookup_kind == "suffix" and self.mode != "draft" \
-                and self.mode != "none":
+        if (
+            self.lookup is not None
+            and self.config.lookup_kind == "suffix"
+            and self.mode != "draft"
+            and self.mode != "none"
+        ):
             return max(self.config.draft_max, self.config.lookup_draft_max)
         return self.config.draft_max
 
@@ -176,14 +190,20 @@ class Engine:
         elif mode in ("lookup", "hybrid", "auto"):
             path = Path(cfg.lookup_cache).expanduser() if cfg.lookup_cache else None
             if cfg.lookup_kind == "ngram":
-                lookup = PromptLookup(cfg.lookup_min, cfg.lookup_max, NgramCache(path) if path else None)
+                lookup = PromptLookup(
+                    cfg.lookup_min, cfg.lookup_max, NgramCache(path) if path else None
+                )
             else:
                 # The store lives as long as the engine (one target, so one vocabulary): the
                 # requests of one process share it; the file keys it by vocabulary.
                 file = LookupFile(path, vocab_key(self.target)) if path else None
-                lookup = SuffixLookup(cfg.lookup_min, cfg.lookup_max,
-                                      max(cfg.draft_max, cfg.lookup_draft_max),
-                                      SuffixStore(cfg.lookup_store_tokens), file)
+                lookup = SuffixLookup(
+                    cfg.lookup_min,
+                    cfg.lookup_max,
+                    max(cfg.draft_max, cfg.lookup_draft_max),
+                    SuffixStore(cfg.lookup_store_tokens),
+                    file,
+                )
         self.lookup = lookup or self.lookup
         if mode == "draft":
             assert self.draft_model is not None
@@ -286,7 +306,9 @@ class Engine:
                 n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match)
                 k_used = len(prop)
                 verify_s = time.perf_counter() - t_verify
-                st.record_timing(k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0)
+                st.record_timing(
+                    k_used + 1, verify_s, t_verify - t_step, k_used if name == "draft" else 0
+                )
                 st.record_pass(name, k_used, n_acc)
                 sure = None
                 if p_conf > 0.0 and name != "draft" and declined is None:
@@ -296,7 +318,11 @@ class Engine:
                     # very position is counted already, and counting the target's doubt there too
                     # inflated the stop rate in mixed stretches of code.
                     sure = not S.top_prob_below(target.logits(0), p_conf)
-                policy.observe(StepReport(name, k_used, n_acc, t_verify - t_step, verify_s, new, declined, sure))
+                policy.observe(
+                    StepReport(
+                        name, k_used, n_acc, t_verify - t_step, verify_s, new, declined, sure
+                    )
+                )
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc
                 target.truncate(valid)
@@ -338,7 +364,7 @@ class Engine:
         st.generated = len(run.tokens) - run.n_prompt
         yield Result(
             text=run.stream.text,
-            tokens=run.tokens[run.n_prompt:],
+            tokens=run.tokens[run.n_prompt :],
             finish_reason=run.finish or "length",
             prompt_tokens=run.n_prompt,
             stats=st,

@@ -44,7 +44,7 @@ class NgramIndex:
         for tok in new:
             i = len(toks)  # the new token's position: it follows the n-grams ending at i - 1
             for n in range(lo, min(hi, i) + 1):
-                last[tuple(toks[i - n:i])] = i
+                last[tuple(toks[i - n : i])] = i
             toks.append(tok)
 
     def sync(self, tokens: list[int], full_check: bool = False) -> None:
@@ -66,7 +66,7 @@ class NgramIndex:
         toks = self.tokens
         L = len(toks)
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
-            j = self._last.get(tuple(toks[L - n:]))
+            j = self._last.get(tuple(toks[L - n :]))
             if j is not None:
                 return n, j
         return 0, -1
@@ -76,7 +76,7 @@ class NgramIndex:
         n, j = self.match()
         if n == 0 or k <= 0:
             return [], 0
-        return self.tokens[j:j + k], n
+        return self.tokens[j : j + k], n
 
 
 class NgramCache:
@@ -102,12 +102,14 @@ class NgramCache:
                     {int(t): int(c) for t, c in followers.items()}
                 )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise SpecrunError(f"lookup cache {path} is unreadable ({exc}); remove it or pick another file") from None
+            raise SpecrunError(
+                f"lookup cache {path} is unreadable ({exc}); remove it or pick another file"
+            ) from None
 
     def add(self, tokens: list[int]) -> None:
         n = self.n
         for i in range(n, len(tokens)):
-            key = tuple(tokens[i - n:i])
+            key = tuple(tokens[i - n : i])
             c = self.counts.get(key)
             if c is None:
                 c = self.counts[key] = Counter()
@@ -116,7 +118,7 @@ class NgramCache:
     def propose(self, tokens: list[int], k: int, min_count: int = 2) -> list[int]:
         """Chain the most frequent followers while they are frequent enough."""
         out: list[int] = []
-        ctx = list(tokens[-self.n:])
+        ctx = list(tokens[-self.n :])
         while len(out) < k and len(ctx) == self.n:
             c = self.counts.get(tuple(ctx))
             if not c:
@@ -165,7 +167,11 @@ class PromptLookup:
         return 0
 
     def propose(
-        self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
+        self,
+        tokens: list[int],
+        k: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
         greedy_draft: bool,
     ) -> Proposal:
         self.index.sync(tokens)

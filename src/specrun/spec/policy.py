@@ -43,8 +43,14 @@ class StepReport:
 class Policy:
     drafters: Sequence[Drafter] = ()
 
-    def draft(self, tokens: list[int], k_cap: int, params: S.SamplingParams,
-              rng: np.random.Generator, greedy_draft: bool) -> tuple[str, Proposal]:
+    def draft(
+        self,
+        tokens: list[int],
+        k_cap: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> tuple[str, Proposal]:
         raise NotImplementedError
 
     def observe(self, report: StepReport) -> None:
@@ -202,8 +208,9 @@ class _Acceptance:
     the fixed K = 4's 37).
     """
 
-    def __init__(self, prior: float, k: int, alpha: float | None = None,
-                 priors: AutoPriors | None = None) -> None:
+    def __init__(
+        self, prior: float, k: int, alpha: float | None = None, priors: AutoPriors | None = None
+    ) -> None:
         pr = priors or PRIORS
         self.prior, self.k = prior, k
         self.alpha = pr.accept_alpha if alpha is None else alpha
@@ -284,7 +291,9 @@ class _Costs:
         # 42 ms against 5-9 ms later (cause not isolated), and as the whole estimate it priced
         # the draft model out for the rest of the run.
         w = max(self.alpha, 1.0 / self.draft_n)
-        self.draft_step = per if self.draft_step is None else self.draft_step + w * (per - self.draft_step)
+        self.draft_step = (
+            per if self.draft_step is None else self.draft_step + w * (per - self.draft_step)
+        )
 
     def t1(self) -> float | None:
         if 1 in self.verify:
@@ -335,8 +344,14 @@ class AutoPolicy(Policy):
     """The drafter and K of each step by the cost model, from running estimates; its priors and
     rates are an ``AutoPriors`` (``PRIORS`` unless given)."""
 
-    def __init__(self, draft_max: int, lookup: Drafter | None = None, model: DraftModel | None = None,
-                 priors: AutoPriors = PRIORS, lookup_n_max: int | None = None) -> None:
+    def __init__(
+        self,
+        draft_max: int,
+        lookup: Drafter | None = None,
+        model: DraftModel | None = None,
+        priors: AutoPriors = PRIORS,
+        lookup_n_max: int | None = None,
+    ) -> None:
         self.priors = priors
         self.draft_max = draft_max
         # The n-gram drafter's longest match (--lookup-max): its acceptance buckets go up to it.
@@ -412,15 +427,21 @@ class AutoPolicy(Policy):
         if a is None:
             pr = self.priors
             is_lookup = key.startswith("lookup")
-            a = self.acc[key] = _Acceptance(pr.accept_prior(key), self.lookup_k if is_lookup else self.draft_max,
-                                            pr.lookup_alpha if is_lookup else pr.accept_alpha, pr)
+            a = self.acc[key] = _Acceptance(
+                pr.accept_prior(key),
+                self.lookup_k if is_lookup else self.draft_max,
+                pr.lookup_alpha if is_lookup else pr.accept_alpha,
+                pr,
+            )
         return a
 
     def _draft_c(self) -> float:
         t1 = self.costs.t1()
         if self.costs.draft_step is None or not t1:
             return self.priors.draft_cost
-        w = self.costs.draft_n / (self.costs.draft_n + self.priors.prior_n)  # the prior as prior_n observations
+        w = self.costs.draft_n / (
+            self.costs.draft_n + self.priors.prior_n
+        )  # the prior as prior_n observations
         return w * self.costs.draft_step / t1 + (1.0 - w) * self.priors.draft_cost
 
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
@@ -442,8 +463,11 @@ class AutoPolicy(Policy):
                 # model must catch up on later: lookup is not free then (code: auto took lookup's
                 # 2-token matches over a draft right 98% of the time, 1.12x vs 1.47x), until the
                 # draft is a catch-up window behind (it skips the rest).
-                behind = (best[1] == "draft" and self.model is not None
-                          and len(tokens) - self.model.n_cached < self.priors.catch_up_window)
+                behind = (
+                    best[1] == "draft"
+                    and self.model is not None
+                    and len(tokens) - self.model.n_cached < self.priors.catch_up_window
+                )
                 extra = self._catch_up_c() if behind else 0.0
                 acc = self._acc(lookup_key)
                 acc.prior = self._lookup_prior(lookup_key)
@@ -462,9 +486,12 @@ class AutoPolicy(Policy):
         # while the draft model ran cost a draft step each, and a lucky 2/2 began a burst: on code
         # auto came to 0.935 of the draft alone in model time, 0.957 with scoring instead; on a
         # Stack class 0.916 and 0.963.)
-        if (self.model is not None and key == "none"
-                and self._since >= self._probe_every
-                and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar):
+        if (
+            self.model is not None
+            and key == "none"
+            and self._since >= self._probe_every
+            and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar
+        ):
             self._since = 0
             self._probe_every = min(self.priors.probe_max, self._probe_every * 2)
             key, k, s = "draft", min(2, k_model), 0.0
@@ -511,8 +538,13 @@ class AutoPolicy(Policy):
             return self._draft_c()
         return self.costs.catch_up_row / t1
 
-    def _draft_best(self, v: costmodel.VerifyCost, k_cap: int, sure: bool = False,
-                    tokens: list[int] | None = None) -> tuple[int, float]:
+    def _draft_best(
+        self,
+        v: costmodel.VerifyCost,
+        k_cap: int,
+        sure: bool = False,
+        tokens: list[int] | None = None,
+    ) -> tuple[int, float]:
         """The draft model's best K and predicted speed-up; ``sure``: were every proposal
         accepted (a probe learns acceptance; where even that would not pay, as where the draft
         would mostly stop, there is nothing to probe for; judged on the slow stop rate).
@@ -615,7 +647,9 @@ class AutoPolicy(Policy):
             self._observe_declined(r.declined, r.draft_s)
         self._observe_tokens(r.tokens)
 
-    def _observe_step(self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def _observe_step(
+        self, name: str, k: int, n_accepted: int, draft_s: float, verify_s: float
+    ) -> None:
         self.costs.observe_verify(k + 1, verify_s)
         if name == "none" or k == 0:
             return

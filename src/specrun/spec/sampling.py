@@ -46,8 +46,13 @@ class SamplingParams:
             raise UsageError(f"--seed must be in [0, 2^63), got {self.seed}")
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"temp": self.temp, "top_k": self.top_k, "top_p": self.top_p,
-                "min_p": self.min_p, "seed": self.seed}
+        return {
+            "temp": self.temp,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,7 @@ def transform(logits: np.ndarray, params: SamplingParams) -> Dist:
     n = logits.shape[0]
     k = params.top_k if 0 < params.top_k < n else n
     if k < n:
-        ids = np.argpartition(logits, n - k)[n - k:]
+        ids = np.argpartition(logits, n - k)[n - k :]
     else:
         ids = np.arange(n)
     cand = logits[ids].astype(np.float64)
@@ -136,7 +141,9 @@ def transform(logits: np.ndarray, params: SamplingParams) -> Dist:
         keep = min(keep, int(np.searchsorted(cum, params.top_p, side="left")) + 1)
     if params.min_p > 0.0:
         # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p): no softmax needed.
-        keep = min(keep, max(1, int(np.count_nonzero(cand[:keep] >= cand[0] + np.log(params.min_p)))))
+        keep = min(
+            keep, max(1, int(np.count_nonzero(cand[:keep] >= cand[0] + np.log(params.min_p))))
+        )
     ids, cand = ids[:keep], cand[:keep]
 
     temp = params.temp if params.temp > 0 else 1.0

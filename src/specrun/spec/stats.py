@@ -56,8 +56,13 @@ class SpecStats:
         """Measured costs for the cost model: mean target pass time per batch size, mean draft
         step time, both in seconds."""
         return {
-            "verify_seconds_by_rows": {r: self.verify_seconds[r] / self.verify_counts[r] for r in sorted(self.verify_counts)},
-            "draft_step_seconds": self.draft_seconds / self.draft_steps if self.draft_steps else None,
+            "verify_seconds_by_rows": {
+                r: self.verify_seconds[r] / self.verify_counts[r]
+                for r in sorted(self.verify_counts)
+            },
+            "draft_step_seconds": self.draft_seconds / self.draft_steps
+            if self.draft_steps
+            else None,
         }
 
     @property
@@ -78,7 +83,10 @@ class SpecStats:
         return self.generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=True)]
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.per_position_accepted, self.per_position_drafted, strict=True)
+        ]
 
     def to_dict(self) -> dict[str, object]:
         overhead = max(0.0, self.decode_seconds - self.llama_seconds)
@@ -93,7 +101,9 @@ class SpecStats:
             "prefill_seconds": round(self.prefill_seconds, 4),
             "decode_seconds": round(self.decode_seconds, 4),
             "llama_seconds": round(self.llama_seconds, 4),
-            "overhead_fraction": round(overhead / self.decode_seconds, 4) if self.decode_seconds > 0 else 0.0,
+            "overhead_fraction": round(overhead / self.decode_seconds, 4)
+            if self.decode_seconds > 0
+            else 0.0,
             "tokens_per_second": round(self.tokens_per_second, 2),
             "prefill_tokens": self.prefill_tokens,
             "modes_used": dict(sorted(self.modes_used.items())),

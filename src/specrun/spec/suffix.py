@@ -164,7 +164,7 @@ class SuffixStore:
     def add(self, seq: list[int]) -> None:
         if not seq:
             return
-        seq = list(seq[-self.max_tokens:])
+        seq = list(seq[-self.max_tokens :])
         self.seqs.append(seq)
         self.total += len(seq)
         self.version += 1
@@ -207,13 +207,17 @@ class LookupFile:
             self._load()
 
     def _refuse(self, why: str) -> SpecrunError:
-        return SpecrunError(f"lookup cache {self.path} is unreadable ({why}); remove it or pick another file")
+        return SpecrunError(
+            f"lookup cache {self.path} is unreadable ({why}); remove it or pick another file"
+        )
 
     def _load(self) -> None:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise self._refuse(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+            raise self._refuse(
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            ) from None
         if not isinstance(data, dict):
             raise self._refuse("not a JSON object")
         try:
@@ -281,8 +285,14 @@ class SuffixLookup:
     # (bench/suffix_sim.py, V(n) = 1 + 0.1 (n - 1)): 0.1, 0.3 and 0.5 within 0.5% of each other.
     MIN_PROB = 0.3
 
-    def __init__(self, n_min: int = 1, bucket_max: int = 4, k_max: int = K_MAX,
-                 store: SuffixStore | None = None, file: LookupFile | None = None) -> None:
+    def __init__(
+        self,
+        n_min: int = 1,
+        bucket_max: int = 4,
+        k_max: int = K_MAX,
+        store: SuffixStore | None = None,
+        file: LookupFile | None = None,
+    ) -> None:
         if n_min < 1 or bucket_max < 1:
             raise ValueError(f"need n_min >= 1 and bucket_max >= 1, got {n_min}, {bucket_max}")
         self.n_min, self.bucket_max, self.k_max = n_min, bucket_max, k_max
@@ -352,7 +362,10 @@ class SuffixLookup:
     def candidates(self, k: int) -> list[tuple[float, int, str, list[int], int]]:
         """(expected accepted, match length, source, tokens, support) per matching automaton."""
         out = []
-        for src, sam, (state, length) in (("seq", self.sam, self.cur), ("store", self.store.sam, self.st)):
+        for src, sam, (state, length) in (
+            ("seq", self.sam, self.cur),
+            ("store", self.store.sam, self.st),
+        ):
             if length < self.n_min or state == 0:
                 continue
             toks, probs, support = sam.walk(state, k, self.MIN_PROB)
@@ -363,7 +376,11 @@ class SuffixLookup:
         return out
 
     def propose(
-        self, tokens: list[int], k: int, params: S.SamplingParams, rng: np.random.Generator,
+        self,
+        tokens: list[int],
+        k: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
         greedy_draft: bool,
     ) -> Proposal:
         self.sync(tokens)
@@ -393,7 +410,7 @@ class SuffixLookup:
 
     def finish(self, tokens: list[int]) -> None:
         """End of a generation: its output joins the store (and the file, when one is kept)."""
-        out = tokens[self.n_prompt:] if self.n_prompt <= len(tokens) else []
+        out = tokens[self.n_prompt :] if self.n_prompt <= len(tokens) else []
         if out:
             self.store.add(out)
         if self.file is not None:

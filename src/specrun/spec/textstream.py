@@ -48,7 +48,7 @@ class TextStream:
             if not final:
                 keep = _longest_stop_prefix_suffix(held, self._stop)
                 out = held[: len(held) - keep]
-                self._held = held[len(held) - keep:]
+                self._held = held[len(held) - keep :]
                 self.text += out
                 return out
         self._held = ""
