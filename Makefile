@@ -37,7 +37,7 @@ DEPS  := $(VENV)/.deps$(if $(GPU),-$(GPU),)
 help:
 	@echo "make run     - generate on the default pair with speculation (PROMPT=file.txt, N=tokens)"
 	@echo "make test    - the whole test suite"
-	@echo "make test-fast - the tests that load no model (under a minute; no model is pulled)"
+	@echo "make test-fast - the tests that load no model (~75 s on 2 cores; no model is pulled)"
 	@echo "make install - .venv with specrun and the default model pair (GPU=cuda|metal)"
 	@echo "make lint    - ruff check, ruff format --check, mypy (strict on spec/ and llama/)"
 	@echo "make bench   - the built-in benchmark suite on the default pair"
