@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from specrun.cli.common import Streams, load_engine
-from specrun.cli.options import model_options, sampling_options
+from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 from specrun.errors import SpecrunError, UsageError
 
 PROMPT = ">>> "
@@ -72,15 +72,7 @@ def register(app: typer.Typer) -> None:
     @model_options()
     def chat(
         system: Annotated[str | None, typer.Option("--system", help="System message.")] = None,
-        template_kwargs: Annotated[
-            str | None,
-            typer.Option(
-                "--chat-template-kwargs",
-                metavar="JSON",
-                help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
-                envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
-            ),
-        ] = None,
+        template_kwargs: TemplateKwargs = None,
         max_tokens: Annotated[
             int, typer.Option("-n", "--max-tokens", help="Tokens per reply at most.")
         ] = 512,

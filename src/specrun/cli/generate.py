@@ -12,7 +12,7 @@ import typer
 
 from specrun.chat_template import encode_prompt
 from specrun.cli.common import Streams, given_on_command_line, json_line, load_engine
-from specrun.cli.options import model_options, sampling_options
+from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 from specrun.errors import UsageError
 
 
@@ -142,15 +142,7 @@ def generate(
     system: Annotated[
         str | None, typer.Option("--system", help="System message (chat template only).")
     ] = None,
-    template_kwargs: Annotated[
-        str | None,
-        typer.Option(
-            "--chat-template-kwargs",
-            metavar="JSON",
-            help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
-            envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
-        ),
-    ] = None,
+    template_kwargs: TemplateKwargs = None,
     max_tokens: Annotated[
         int, typer.Option("-n", "--max-tokens", help="Tokens to generate at most.")
     ] = 256,

@@ -752,3 +752,14 @@ ProbeRepeats = Annotated[
 ProbeThreads = Annotated[
     int | None, typer.Option("--threads", "-t", help="CPU threads (default: physical cores).")
 ]
+
+# llama.cpp's --chat-template-kwargs, for every command that renders a chat (generate, chat, serve).
+TemplateKwargs = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
+        envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
+    ),
+]

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from specrun.cli.options import model_options, sampling_options
+from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 
 
 def register(app: typer.Typer) -> None:
@@ -54,15 +54,7 @@ def register(app: typer.Typer) -> None:
                 envvar="SPECRUN_QUEUE",
             ),
         ] = 64,
-        template_kwargs: Annotated[
-            str | None,
-            typer.Option(
-                "--chat-template-kwargs",
-                metavar="JSON",
-                help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
-                envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
-            ),
-        ] = None,
+        template_kwargs: TemplateKwargs = None,
         opts: Any = None,
         params: Any = None,
     ) -> None:
