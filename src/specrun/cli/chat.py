@@ -146,7 +146,7 @@ def _run(
     template_kwargs: dict[str, Any] | None = None,
 ) -> None:
     from specrun.chat import ChatSession, handle_command, read_message
-    from specrun.cli.display import make_sink
+    from specrun.cli.display import sink_for as make_sink
     from specrun.session import describe
     from specrun.spec.engine import Result
 
@@ -236,15 +236,12 @@ def _reply(
 ) -> None:
     engine = session.engine
     sink = make_sink(
+        engine,
         live=live,
         color=color,
         stdout_tty=streams.stdout_tty,
         stderr_tty=streams.stderr_tty,
         summary="line" if stats else "none",
-        draft_max=engine.config.draft_max,
-        lookup_max=engine.k_cap,
-        mode=engine.mode,
-        piece=engine.target.piece,
     )
     gen = session.respond(text)
     guard = _SigintGuard()

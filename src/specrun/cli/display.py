@@ -191,6 +191,30 @@ class TokenSpans:
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
+def sink_for(
+    engine: Any,
+    *,
+    live: bool | None,
+    color: bool | None,
+    stdout_tty: bool,
+    stderr_tty: bool,
+    summary: str,
+) -> PlainStream | LiveDisplay:
+    """``make_sink`` for a generation of ``engine``: its caps (the draft model's K, lookup's),
+    its mode and its target's token pieces."""
+    return make_sink(
+        live=live,
+        color=color,
+        stdout_tty=stdout_tty,
+        stderr_tty=stderr_tty,
+        summary=summary,
+        draft_max=engine.config.draft_max,
+        lookup_max=engine.k_cap,
+        mode=engine.mode,
+        piece=engine.target.piece,
+    )
+
+
 def hbar(frac: float, width: int) -> str:
     """A horizontal bar of ``width`` cells filled to ``frac`` in eighths of a cell."""
     frac = min(max(frac, 0.0), 1.0)

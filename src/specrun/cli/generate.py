@@ -220,7 +220,7 @@ def generate(
         from contextlib import nullcontext
         from dataclasses import replace
 
-        from specrun.cli.display import make_sink, summary_line
+        from specrun.cli.display import sink_for, summary_line
         from specrun.session import describe
         from specrun.spec.engine import Result
 
@@ -231,16 +231,13 @@ def generate(
             sink = (
                 None
                 if structured
-                else make_sink(
+                else sink_for(
+                    engine,
                     live=live,
                     color=color,
                     stdout_tty=streams.stdout_tty,
                     stderr_tty=streams.stderr_tty,
                     summary="full" if show_summary else "none",
-                    draft_max=engine.config.draft_max,
-                    lookup_max=engine.k_cap,
-                    mode=engine.mode,
-                    piece=engine.target.piece,
                 )
             )
             if n_completions > 1 and sink is not None and i > 0:
