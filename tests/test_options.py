@@ -186,15 +186,26 @@ def test_info_reports_build_machine_and_pair():
     b, m, mi = obj["build"], obj["machine"], obj["models"]
     assert b["gpu_offload"] in (True, False) and b["devices"] and b["system_info"]
     assert m["physical_cores"] >= 1 and m["ram_total"] > 0
+    # make install's build carries patches/: the row-exact multi-column Q8_0 and F16 kernels.
+    if "AVX2 = 1" in b["system_info"] and "F16C = 1" in b["system_info"]:
+        assert b["batched_q8_0_kernel"] and b["batched_f16_kernel"], b["system_info"]
     roles = [x["role"] for x in mi["models"]]
     assert roles == ["target", "draft"] and mi["compatible"] is True
     t = mi["models"][0]
     assert t["n_layer"] == 30 and t["n_vocab"] == 49152 and t["estimate"]["kv"] > 0
     assert t["placement"]["n_ctx"] == 4096 and mi["memory"]["fits"] is True
+    from specrun.llama.backend import local_gpus
+
+    # Flash attention as placed: auto is off for a model on the CPU (on only where asked).
+    assert t["placement"]["flash_attn"] == ("auto" if local_gpus() else "off")
     # The text form says the same in words.
     r = _run("info", "--ctx", "1024")
     assert r.returncode == 0, r.stderr
     assert "compatible" in r.stdout and "memory at ctx 1024" in r.stdout and "threads" in r.stdout
+    assert f"flash attention {t['placement']['flash_attn']})" in r.stdout
+    r = _run("info", "--json", "--flash-attn", "on")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["models"]["models"][0]["placement"]["flash_attn"] == "on"
 
 
 @pytest.mark.models  # reads the pair's files (pulled by make install)

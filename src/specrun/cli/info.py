@@ -53,6 +53,7 @@ def build_info() -> dict[str, Any]:
         "system_info": sysinfo,
         "batch_exact_cpu": runtime.batch_exact_cpu(),
         "batched_q8_0_kernel": "SPECRUN_COLS = 1" in sysinfo,
+        "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -81,7 +82,8 @@ def _model_facts(
             "gpu_layers": planned.placement.n_gpu_layers,
             "type_k": planned.placement.type_k,
             "type_v": planned.placement.type_v,
-            "flash_attn": "on" if planned.placement.flash_attn else opts.flash_attn.lower(),
+            # on / off as placed; auto where llama.cpp decides (a model offloaded to a local GPU)
+            "flash_attn": {True: "on", False: "off"}.get(planned.placement.flash_attn, "auto"),
             "rpc": list(opts.rpc_endpoints(role == "draft")),
         },
         "estimate": planned.estimate.to_dict(),
@@ -183,8 +185,13 @@ def render_text(
         + (
             "CPU batches are row-exact: a row decoded in a batch gets the logits it gets alone, bit for bit"
             + (
-                "; batched Q8_0 rows take specrun's multi-column kernel (patches/)"
-                if b["batched_q8_0_kernel"]
+                "; batched "
+                + " and ".join(
+                    f for f, k in (("Q8_0", "batched_q8_0_kernel"), ("F16", "batched_f16_kernel"))
+                    if b.get(k)
+                )
+                + " rows take specrun's multi-column kernels (patches/)"
+                if b["batched_q8_0_kernel"] or b.get("batched_f16_kernel")
                 else ""
             )
             if b["batch_exact_cpu"]
@@ -232,7 +239,7 @@ def render_text(
         )
         lines.append(
             f"          memory at ctx {pl['n_ctx']} (K {pl['type_k']}, V {pl['type_v']}, flash attention "
-            f"{'on' if pl['flash_attn'] else 'off'}): weights {_gib(e['weights'])} + KV {_gib(e['kv'])} "
+            f"{pl['flash_attn']}): weights {_gib(e['weights'])} + KV {_gib(e['kv'])} "
             f"+ compute {_gib(e['compute'])} = {_gib(e['total'])}; {where}"
         )
     mm = models["memory"]
