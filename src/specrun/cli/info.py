@@ -187,7 +187,8 @@ def render_text(
             + (
                 "; batched "
                 + " and ".join(
-                    f for f, k in (("Q8_0", "batched_q8_0_kernel"), ("F16", "batched_f16_kernel"))
+                    f
+                    for f, k in (("Q8_0", "batched_q8_0_kernel"), ("F16", "batched_f16_kernel"))
                     if b.get(k)
                 )
                 + " rows take specrun's multi-column kernels (patches/)"
