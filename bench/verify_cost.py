@@ -5,7 +5,8 @@ V(n) = time(one llama_decode of n rows) / time(one row) the way the engine pays 
 position (``--pos`` tokens already cached), with logits on every row (what verification reads)
 and, for comparison, on the last row only. Sizes alternate within one process and each figure is
 a median of ``--reps`` passes, each rolled back with the KV cache's tail removal, as a rejected
-draft is.
+draft is; builds alternate over ``--rounds`` child processes each, and the table shows the
+medians over them (single processes of one build differ by 5-25% here).
 
 Builds: ``--lib DIR`` (repeatable) runs the same measurement, in a child process, over another
 llama.cpp build's shared libraries (a ``build/bin`` of llama.cpp built with -DBUILD_SHARED_LIBS=ON,
@@ -23,6 +24,7 @@ Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -103,6 +105,19 @@ def measure(
         m.close()
 
 
+def median_rounds(runs: list[dict]) -> dict:
+    """Per file, the median over rounds of the one-row time and of each V(n) (builds alternate
+    round by round, so a slow spell of the machine falls on every build alike)."""
+    out: dict = {}
+    for path, first in runs[0].items():
+        out[path] = dict(first)
+        out[path]["t1_ms"] = statistics.median(r[path]["t1_ms"] for r in runs)
+        for w in ("all", "last"):
+            out[path][w] = {n: statistics.median(r[path][w][n] for r in runs) for n in first[w]}
+        out[path]["rounds"] = len(runs)
+    return out
+
+
 def overlay(lib_dir: Path) -> Path:
     """A copy of the installed llama_cpp package whose shared libraries are those of ``lib_dir``."""
     import llama_cpp
@@ -151,6 +166,9 @@ def main() -> int:
     ap.add_argument("--model", action="append", default=[], help="a GGUF file to measure as well")
     ap.add_argument("--pos", type=int, default=200)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="child runs per build, builds alternating; medians"
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--lib", action="append", default=[], help="another llama.cpp build's bin dir")
     ap.add_argument("--llama-bench", default=None)
@@ -179,8 +197,8 @@ def main() -> int:
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
     files += [(Path(p).name, Path(p)) for p in args.model]
     builds = [("specrun", None)] + [(str(lib), Path(lib)) for lib in args.lib]
-    results: dict[str, dict] = {}
-    for label, lib in builds:
+    rounds: dict[str, list[dict]] = {label: [] for label, _ in builds}
+    for _round, (label, lib) in itertools.product(range(args.rounds), builds):
         env = dict(os.environ)
         if lib is not None:
             env["PYTHONPATH"] = os.pathsep.join(
@@ -204,7 +222,8 @@ def main() -> int:
         if res.returncode != 0:
             print(f"{label}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
             return 1
-        results[label] = json.loads(res.stdout)
+        rounds[label].append(json.loads(res.stdout))
+    results = {label: median_rounds(runs) for label, runs in rounds.items()}
     if args.llama_bench:
         results["llama-bench"] = {
             str(p): llama_bench(args.llama_bench, p, threads, 5) for _, p in files
@@ -218,7 +237,10 @@ def main() -> int:
         ),
         "?",
     )
-    print(f"V(n) = time of an n-row pass / one row; {threads} threads, position {args.pos}; {cpu}")
+    print(
+        f"V(n) = time of an n-row pass / one row; {threads} threads, position {args.pos}; {cpu}; "
+        f"medians of {args.rounds} alternating rounds"
+    )
     cols = list(results)
     print(
         "| format | "

@@ -52,7 +52,8 @@ def build_info() -> dict[str, Any]:
         "mlock": runtime.supports_mlock(),
         "system_info": sysinfo,
         "batch_exact_cpu": runtime.batch_exact_cpu(),
-        "batched_q8_0_kernel": "SPECRUN_COLS = 1" in sysinfo,
+        "batched_q8_0_kernel": "SPECRUN_COLS = " in sysinfo,
+        "batched_k_quant_kernel": "SPECRUN_COLS = 3" in sysinfo,
         "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
         "devices": [d.__dict__ for d in devs],
     }
@@ -186,9 +187,13 @@ def render_text(
             "CPU batches are row-exact: a row decoded in a batch gets the logits it gets alone, bit for bit"
             + (
                 "; batched "
-                + " and ".join(
+                + ", ".join(
                     f
-                    for f, k in (("Q8_0", "batched_q8_0_kernel"), ("F16", "batched_f16_kernel"))
+                    for f, k in (
+                        ("Q8_0", "batched_q8_0_kernel"),
+                        ("Q4_K, Q6_K", "batched_k_quant_kernel"),
+                        ("F16", "batched_f16_kernel"),
+                    )
                     if b.get(k)
                 )
                 + " rows take specrun's multi-column kernels (patches/)"
