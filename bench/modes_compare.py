@@ -39,7 +39,7 @@ from specrun.session import calibrate_auto
 from specrun.spec.engine import Engine, SpecConfig
 
 HERE = Path(__file__).resolve().parent
-CODE = (HERE.parent / "src" / "specrun" / "textstream.py").read_text()[:1400]
+CODE = (HERE.parent / "src" / "specrun" / "spec" / "textstream.py").read_text()[:1400]
 PASSAGE = (
     "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
     "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
