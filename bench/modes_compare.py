@@ -25,6 +25,7 @@ first request). Mode ``ngram`` is the n-gram prompt lookup before the suffix dra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -37,6 +38,7 @@ from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
 from specrun.session import calibrate_auto
 from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec.policy import PRIORS
 
 HERE = Path(__file__).resolve().parent
 CODE = (HERE.parent / "src" / "specrun" / "spec" / "textstream.py").read_text()[:1400]
@@ -141,13 +143,23 @@ def run_sequence(
 
 
 def make_engine(target: Model, draft: Model, mode: str, k: int | None, p_min: float) -> Engine:
+    """``mode`` as --configs names it; ``auto@FIELD=VALUE[;FIELD=VALUE]`` runs auto with those
+    AutoPriors fields changed (a tuning experiment against plain ``auto`` in the same run)."""
+    mode, _, tweaks = mode.partition("@")
     kind = "ngram" if mode.endswith("ngram") else "suffix"
     m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)
-    return Engine(
+    eng = Engine(
         target,
         None if m in ("none", "lookup") else draft,
         SpecConfig(mode=m, draft_max=k or 4, draft_p_min=p_min, lookup_kind=kind),
     )
+    if tweaks:
+        changes = {
+            f: type(getattr(PRIORS, f))(v)
+            for f, _, v in (t.partition("=") for t in tweaks.split(";"))
+        }
+        eng.policy.priors = dataclasses.replace(PRIORS, **changes)  # type: ignore[attr-defined]
+    return eng
 
 
 class _SeqStats:

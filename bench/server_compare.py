@@ -7,8 +7,9 @@ chat template (the GGUF's) through its engine, decode tok/s as `generate --json`
 run per prompt per configuration per repeat; medians; speed-ups against each side's own plain
 decoding and against llama-server's plain decoding.
 
-llama-server configurations: none (target alone), md:K (`-md DRAFT --spec-draft-n-max K`, the
-draft's `--spec-draft-p-min` as specrun's), and TYPE (`--spec-type TYPE`, an n-gram drafter,
+llama-server configurations: none (target alone), md:K (`--spec-type draft-simple -md DRAFT
+--spec-draft-n-max K`, the draft's `--spec-draft-p-min` as specrun's; `-md` alone only loads the
+draft), and TYPE (`--spec-type TYPE`, an n-gram drafter,
 e.g. ngram-mod, ngram-cache). Build llama-server from the llama.cpp that llama-cpp-python
 vendors (README, "Against llama.cpp").
 
@@ -75,6 +76,9 @@ class Server:
         ]
         if cfg.startswith("md:"):
             cmd += [
+                # -md only loads the draft: speculation is --spec-type's (default none)
+                "--spec-type",
+                "draft-simple",
                 "-md",
                 str(draft),
                 "--spec-draft-n-max",
@@ -186,6 +190,9 @@ def main() -> int:
     for _ in range(args.repeats):
         for label, eng in engines.items():
             for p in prompts:
+                # Every run a first request, as llama-server's are (cache_prompt off, a fresh
+                # server per configuration and repeat): no earlier output to copy.
+                eng.clear_store()
                 res = eng.run(toks[p], max_tokens=args.n, params=greedy, reuse_cache=False)
                 results.setdefault(label, {}).setdefault(p, []).append(res.stats.tokens_per_second)
     target.close()
@@ -193,13 +200,13 @@ def main() -> int:
 
     for _ in range(args.repeats):
         for cfg in args.server.split(","):
-            srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
-            try:
-                for p in prompts:
+            for p in prompts:  # a fresh server per request: no n-gram state from earlier ones
+                srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
+                try:
                     tps, _text = srv.run(PROMPTS[p], args.n)
                     results.setdefault(f"llama-server {cfg}", {}).setdefault(p, []).append(tps)
-            finally:
-                srv.stop()
+                finally:
+                    srv.stop()
 
     med = {lab: {p: statistics.median(v) for p, v in by.items()} for lab, by in results.items()}
     cpu = next(

@@ -252,9 +252,13 @@ def test_lookup_is_scored_while_the_draft_model_pays_and_takes_over():
     pays, and takes over once it pays more (the text turned to copying the prompt)."""
     rng = np.random.default_rng(5)
     policy = AutoPolicy(8, FakeLookup(), FakeDraftModel())
+    # As every front end starts auto: from measured pass and draft-step costs (calibrate.py).
+    policy.calibrate({n: 0.016 * (1 + 0.1 * (n - 1)) for n in (1, 2, 3, 5, 9)}, 0.003)
     policy.prefill([0] * 10)
     first = drive_two(policy, 200, {"draft": 0.7, "lookup": 0.0}, 0.003, 0.016, 0.1, rng)
-    assert first[100:].count("draft") >= 90  # the draft model carries the first phase
+    # The draft model carries the first phase (right 70% of the time it is predicted at ~1.4x;
+    # a run of rejections now and then takes it under the 1.1 margin for a few steps).
+    assert first[100:].count("draft") >= 80
     assert "lookup" not in first[100:]  # and lookup, scored for free, never displaces it
     second = drive_two(policy, 400, {"draft": 0.7, "lookup": 0.98}, 0.003, 0.016, 0.1, rng)
     assert second[-200:].count("lookup") >= 180

@@ -128,7 +128,9 @@ class AutoPriors:
 
     # -- acceptance ---------------------------------------------------------------------------
     accept_draft: float = 0.6  # the draft model's per-position acceptance, unmeasured
-    accept_lookup: float = 0.5  # a lookup match of 2+ tokens
+    # A lookup match of 2+ tokens. 0.5 bet on code-like text where matches seldom held (see
+    # margin below, measured together).
+    accept_lookup: float = 0.4
     # A one-token match is weak evidence: on open-ended text its proposals were all rejected,
     # and a 0.5 prior spent the first dozen steps learning that (1.9% of a story's time).
     accept_lookup_1: float = 0.3
@@ -155,7 +157,14 @@ class AutoPriors:
     stop_slow_alpha: float = 0.04
 
     # -- choosing -----------------------------------------------------------------------------
-    margin: float = 1.03  # speculate only when it is predicted to pay at least this much
+    # Speculate only when it is predicted to pay at least this much. On targets whose batches
+    # are dear (F16/Q8_0/Q4_K_M SmolLM2 on a 2-core Zen 4: V(5) 2.4-3.1) a bet predicted at
+    # 1.03-1.10 was as often a loss, and lookup streaks on code that did not last left auto below
+    # the target alone. bench/modes_compare.py, 6 prompts x 3 pairs, model time, medians of 3:
+    # margin 1.03 + accept_lookup 0.5 gave 0.95-0.96 on 3 of the 18 (the Stack class on F16 and
+    # Q8_0, QA on Q4_K_M); 1.1 + 0.4 gave >= 0.98 on all 18, for 1.85x against 1.96x on Q8_0's QA
+    # and 1.08x against 1.12x on Q4_K_M's Stack class.
+    margin: float = 1.1
     probe_min: int = 8  # steps between re-tries of an unchosen draft model, at first ...
     probe_max: int = 128  # ... doubling up to this
     # The draft model is re-tried only where it would pay at least this much were every proposal
