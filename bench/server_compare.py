@@ -191,7 +191,7 @@ def main() -> int:
         for label, eng in engines.items():
             for p in prompts:
                 # Every run a first request, as llama-server's are (cache_prompt off, a fresh
-                # server per configuration and repeat): no earlier output to copy.
+                # server per request): no earlier output to copy.
                 eng.clear_store()
                 res = eng.run(toks[p], max_tokens=args.n, params=greedy, reuse_cache=False)
                 results.setdefault(label, {}).setdefault(p, []).append(res.stats.tokens_per_second)

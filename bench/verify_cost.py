@@ -196,13 +196,14 @@ def main() -> int:
 
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
     files += [(Path(p).name, Path(p)) for p in args.model]
-    builds = [("specrun", None)] + [(str(lib), Path(lib)) for lib in args.lib]
+    # each other build's overlay is made once, then reused by every round
+    builds = [("specrun", None)] + [(str(lib), overlay(Path(lib))) for lib in args.lib]
     rounds: dict[str, list[dict]] = {label: [] for label, _ in builds}
     for _round, (label, lib) in itertools.product(range(args.rounds), builds):
         env = dict(os.environ)
         if lib is not None:
             env["PYTHONPATH"] = os.pathsep.join(
-                [str(overlay(lib)), str(ROOT / "src"), env.get("PYTHONPATH", "")]
+                [str(lib), str(ROOT / "src"), env.get("PYTHONPATH", "")]
             )
         cmd = [
             sys.executable,
