@@ -11,10 +11,23 @@ llama-server configurations: none (target alone), md:K (`--spec-type draft-simpl
 --spec-draft-n-max K`, the draft's `--spec-draft-p-min` as specrun's; `-md` alone only loads the
 draft), and TYPE (`--spec-type TYPE`, an n-gram drafter,
 e.g. ngram-mod, ngram-cache). Build llama-server from the llama.cpp that llama-cpp-python
-vendors (README, "Against llama.cpp").
+vendors (README, "Against llama.cpp"). specrun configurations: MODE:K as modes_compare names
+them (none, draft, lookup (the suffix drafter), ngram (the n-gram lookup before it), hybrid,
+auto, auto-ngram).
+
+``--prompts`` takes prompt names, bench:CATEGORY (the builtin suite's first of that category)
+and seq:CATEGORY: every conversation of that category of ``--suite`` (workloads.jsonl), every
+turn, a follow-up carrying each side's own earlier replies, as one run: specrun's suffix store
+and one llama-server's n-gram state (a server per sequence) kept across its requests, its tok/s
+the sequence's tokens over its decode time. Single prompts start afresh every time (the store
+cleared; a server per request). The sides alternate per prompt and repeat, so that a slow spell
+of the machine lands on both.
 
     .venv/bin/python bench/server_compare.py --llama-server /path/llama-server --pair smollm2-135m \\
         --specrun none,draft:4,lookup:4,auto:8 --server none,md:4,ngram-mod --repeats 2 -n 128
+    .venv/bin/python bench/server_compare.py --llama-server /path/llama-server \\
+        --prompts seq:code_edit,seq:sql --specrun none,ngram:4,lookup:4,auto:8 \\
+        --server none,ngram-mod,ngram-cache
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from modes_compare import P_MIN, PROMPTS  # noqa: E402
+from modes_compare import P_MIN, PROMPTS, make_engine, prompt_text  # noqa: E402
 
 
 def free_port() -> int:
@@ -112,20 +125,24 @@ class Server:
                 raise RuntimeError(f"llama-server ({cfg}) did not become healthy")
             time.sleep(0.3)
 
-    def run(self, prompt: str, n: int) -> tuple[float, str]:
+    def run(self, messages: list[dict[str, str]], n: int) -> tuple[int, float, str]:
+        """One chat turn: (tokens decoded, their decode seconds, the reply)."""
         out = post(
             f"http://127.0.0.1:{self.port}/v1/chat/completions",
             {
-                "messages": [{"role": "user", "content": prompt}],
+                "messages": messages,
                 "max_tokens": n,
                 "temperature": 0,
                 "seed": 0,
                 "cache_prompt": False,
             },
         )
-        return float(out["timings"]["predicted_per_second"]), out["choices"][0]["message"][
-            "content"
-        ]
+        t = out["timings"]
+        return (
+            int(t["predicted_n"]),
+            float(t["predicted_ms"]) / 1e3,
+            out["choices"][0]["message"]["content"],
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -137,11 +154,55 @@ class Server:
                 self.proc.wait()
 
 
+Job = list[list[str]]  # conversations, each its user turns
+
+
+def jobs_for(keys: list[str], suite: str, limit: int) -> dict[str, Job]:
+    from specrun.bench import load_suite
+
+    jobs: dict[str, Job] = {}
+    for key in keys:
+        if key.startswith("seq:"):
+            _, prompts = load_suite(suite)
+            seq = [p.turns for p in prompts if p.category == key[4:]]
+            seq = seq[:limit] if limit else seq
+            if not seq:
+                raise SystemExit(f"no prompts of category {key[4:]!r} in {suite}")
+            jobs[key] = seq
+        else:
+            jobs[key] = [[prompt_text(key)]]
+    return jobs
+
+
+def conversations(job: Job, turn) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """Every turn of every conversation through ``turn(messages) -> (tokens, seconds, reply)``,
+    each follow-up after the replies before it: (tokens, seconds) summed."""
+    tokens, seconds = 0, 0.0
+    for turns in job:
+        history: list[dict[str, str]] = []
+        for user in turns:
+            history.append({"role": "user", "content": user})
+            n, sec, reply = turn(history)
+            tokens, seconds = tokens + n, seconds + sec
+            history.append({"role": "assistant", "content": reply})
+    return tokens, seconds
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-server", required=True)
     ap.add_argument("--pair", default="smollm2-135m")
-    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument(
+        "--prompts",
+        default=",".join(PROMPTS),
+        help="comma list of prompt names, bench:CATEGORY or seq:CATEGORY",
+    )
+    ap.add_argument(
+        "--suite",
+        default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
+        help="the suite seq:CATEGORY reads",
+    )
+    ap.add_argument("--limit", type=int, default=0, help="seq: only the first N of the category")
     ap.add_argument("--specrun", default="none,draft:4,lookup:4,auto:8")
     ap.add_argument("--server", default="none,md:4,ngram-mod")
     ap.add_argument("-n", type=int, default=128)
@@ -156,7 +217,6 @@ def main() -> int:
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
     from specrun.session import calibrate_auto
-    from specrun.spec.engine import Engine, SpecConfig
     from specrun.spec.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
@@ -164,6 +224,7 @@ def main() -> int:
     pair = reg.pair(args.pair)
     tpath, dpath = reg.ensure(pair.target), reg.ensure(pair.draft)
     prompts = [p for p in args.prompts.split(",") if p]
+    jobs = jobs_for(prompts, args.suite, args.limit)
     results: dict[str, dict[str, list[float]]] = {}
 
     lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
@@ -177,36 +238,45 @@ def main() -> int:
     engines = {}
     for cfg in args.specrun.split(","):
         mode, _, k = cfg.partition(":")
-        eng = Engine(
-            target,
-            draft if mode in ("draft", "hybrid", "auto") else None,
-            SpecConfig(mode=mode, draft_max=int(k or 4), draft_p_min=P_MIN),
-        )
-        if mode == "auto":
+        eng = make_engine(target, draft, mode, int(k) if k else None, P_MIN)
+        if eng.mode == "auto":
             calibrate_auto(eng)
         engines[f"specrun {cfg}"] = eng
     greedy = SamplingParams(temp=0.0, seed=0)
-    toks = {p: encode_chat(target, [{"role": "user", "content": PROMPTS[p]}]) for p in prompts}
-    for _ in range(args.repeats):
-        for label, eng in engines.items():
-            for p in prompts:
-                # Every run a first request, as llama-server's are (cache_prompt off, a fresh
-                # server per request): no earlier output to copy.
-                eng.clear_store()
-                res = eng.run(toks[p], max_tokens=args.n, params=greedy, reuse_cache=False)
-                results.setdefault(label, {}).setdefault(p, []).append(res.stats.tokens_per_second)
-    target.close()
-    draft.close()
+
+    def specrun_job(eng, job: Job) -> float:  # type: ignore[no-untyped-def]
+        # A sequence's requests share the suffix store; the next job starts without it.
+        eng.clear_store()
+
+        def turn(messages):  # type: ignore[no-untyped-def]
+            res = eng.run(
+                encode_chat(target, messages), max_tokens=args.n, params=greedy, reuse_cache=False
+            )
+            return res.stats.generated, res.stats.decode_seconds, res.text
+
+        n, sec = conversations(job, turn)
+        return n / sec if sec else 0.0
+
+    def server_job(cfg: str, job: Job) -> float:
+        # A sequence is one server's: its n-gram state is kept across the sequence's requests,
+        # as specrun's store is; a single prompt gets a fresh server (a first request).
+        srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
+        try:
+            n, sec = conversations(job, lambda m: srv.run(m, args.n))
+        finally:
+            srv.stop()
+        return n / sec if sec else 0.0
 
     for _ in range(args.repeats):
-        for cfg in args.server.split(","):
-            for p in prompts:  # a fresh server per request: no n-gram state from earlier ones
-                srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
-                try:
-                    tps, _text = srv.run(PROMPTS[p], args.n)
-                    results.setdefault(f"llama-server {cfg}", {}).setdefault(p, []).append(tps)
-                finally:
-                    srv.stop()
+        for key, job in jobs.items():
+            for label, eng in engines.items():
+                results.setdefault(label, {}).setdefault(key, []).append(specrun_job(eng, job))
+            for cfg in args.server.split(","):
+                if cfg:
+                    tps = server_job(cfg, job)
+                    results.setdefault(f"llama-server {cfg}", {}).setdefault(key, []).append(tps)
+    target.close()
+    draft.close()
 
     med = {lab: {p: statistics.median(v) for p, v in by.items()} for lab, by in results.items()}
     cpu = next(

@@ -573,6 +573,40 @@ def test_a_catch_up_owed_is_priced_when_choosing_the_draft():
     assert policy.draft(tokens, 4, SamplingParams(), rng, True)[0] == "draft"
 
 
+def _attempt_by_outcome(cum, k, c, v, go, go_on, per_accepted, fixed):  # type: ignore[no-untyped-def]
+    """An attempt of K priced outcome by outcome (j = 0..K proposed), from the module's notes."""
+    tokens, cost = 0.0, fixed
+    for j in range(k + 1):
+        reach = 1.0 if j == 0 else go * go_on ** (j - 1)
+        p = reach * ((1 - go if j == 0 else 1 - go_on) if j < k else 1.0)
+        acc = sum(cum[:j])
+        steps = j + 1 if j < k else k + cum[k - 1]
+        tokens += p * (1 + acc)
+        cost += p * (c * steps + v(j + 1) + per_accepted * acc)
+    return tokens / cost
+
+
+def test_every_k_in_one_pass_prices_each_attempt_as_alone():
+    """costmodel.speedups (all K at once, running sums) gives each K the speed-up of that
+    attempt priced outcome by outcome, and best_k picks the first best of them."""
+    rng = np.random.default_rng(21)
+    for _ in range(300):
+        k_max = int(rng.integers(1, 10))
+        cum = list(np.cumprod(rng.uniform(0.3, 1.0, k_max)))
+        slope, c = float(rng.uniform(0.0, 0.6)), float(rng.uniform(0.0, 0.6))
+        v = costmodel.linear_verify_cost(slope)
+        go = 1.0 if rng.random() < 0.3 else float(rng.uniform(0.1, 1.0))
+        go_on = 1.0 if rng.random() < 0.3 else float(rng.uniform(0.1, 1.0))
+        per, fixed = float(rng.uniform(0.0, 0.3)), float(rng.uniform(0.0, 0.5))
+        got = costmodel.speedups(cum, k_max, c, v, go, per, fixed, go_on)
+        assert got[0] == pytest.approx(1.0)
+        for k in range(1, k_max + 1):
+            want = _attempt_by_outcome(cum, k, c, v, go, go_on, per, fixed)
+            assert got[k] == pytest.approx(want, rel=1e-12)
+        best = max(range(k_max + 1), key=lambda k: (got[k], -k))
+        assert costmodel.best_k(cum, c, v, k_max, go, per, fixed, go_on)[0] == best
+
+
 def test_the_draft_goes_on_in_stretches():
     """Sureness comes in stretches: a draft that often declines its first token but, once
     sure, goes on (code between docstrings) pays where one stopping as often at every position

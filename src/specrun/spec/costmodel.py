@@ -90,9 +90,7 @@ def speedups(
         vj = verify_cost(j + 1)
         if j > 0:  # an attempt of K = j: the stopped outcomes, then all j proposed
             whole_tokens = reach * (1.0 + accepted)
-            whole_cost = reach * (
-                c * (j + cum_acc[j - 1]) + vj + per_accepted * accepted
-            )
+            whole_cost = reach * (c * (j + cum_acc[j - 1]) + vj + per_accepted * accepted)
             out.append((tokens + whole_tokens) / (cost + whole_cost))
         if j < k_max:  # the outcome "j proposed, then stopped", for every longer attempt
             pj = reach * ((1.0 - go) if j == 0 else (1.0 - go_on))
