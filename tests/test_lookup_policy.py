@@ -513,6 +513,22 @@ def test_the_targets_confidence_stands_in_for_the_drafts():
     assert name == "draft"
 
 
+def test_the_targets_confidence_is_not_asked_where_no_draft_could_pay():
+    """Reading the target's sureness costs a pass over the vocabulary each step; where even a
+    draft accepted whole that never stopped would not pay (batches and draft steps this dear),
+    auto does not ask for it (confidence_p 0), and asks again once the costs say it could."""
+    rng = np.random.default_rng(19)
+    model = ShyDraftModel(np.random.default_rng(20))
+    policy = AutoPolicy(4, None, model)
+    policy.calibrate({1: 0.02, 2: 0.036, 3: 0.044, 5: 0.06}, 0.012)
+    assert policy.draft([0] * 10, 4, SamplingParams(), rng, True)[0] == "none"
+    assert policy.confidence_p() == 0.0
+    cheap = AutoPolicy(4, None, model)
+    cheap.calibrate({1: 0.02, 2: 0.021, 3: 0.022, 5: 0.024}, 0.003)
+    cheap.draft([0] * 10, 4, SamplingParams(), rng, True)
+    assert cheap.confidence_p() == 0.6
+
+
 def test_the_draft_is_retried_only_where_it_could_pay_for_the_retry():
     """A re-try of the draft model costs its catch-up; where even a draft accepted whole would
     gain under PROBE_BAR (a draft unsure at most positions), none is made, and where the text

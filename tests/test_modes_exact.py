@@ -419,10 +419,11 @@ def test_sampled_lookup_has_the_target_distribution(memo_target, lookup_setup, m
 
 
 def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_target, smol_draft):
-    """auto learns how often the draft model stops from the target's sureness, for free, at the
-    first position of every plain and lookup step; not at a draft model's step (its own stops
-    count there), nor at a step whose draft attempt proposed nothing (that stop is counted
-    already: counting the target's doubt at the same position too inflated the stop rate)."""
+    """auto learns how often the draft model stops from the target's sureness, at the first
+    position of every plain and lookup step while a draft model could pay (confidence_p > 0);
+    not at a draft model's step (its own stops count there), nor at a step whose draft attempt
+    proposed nothing (that stop is counted already: counting the target's doubt at the same
+    position too inflated the stop rate)."""
     steps: list[dict] = []
     from specrun.chat_template import encode_chat
 
@@ -450,24 +451,26 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
         def step() -> dict:
             """The step under way (the last ones of a run skip policy.draft: nothing to draft)."""
             if not steps or steps[-1]["name"] is not None:
-                steps.append({"conf": 0, "declined": False, "name": None})
+                steps.append({"conf": 0, "declined": False, "name": None, "asked": False})
             return steps[-1]
 
         def draft(*a, orig=orig_draft):
             step()
             return orig(*a)
 
-        def obs(report, orig=orig_obs):
+        def obs(report, orig=orig_obs, pol=pol):
             s = step()
             s["name"] = report.drafter
             s["conf"] += report.target_sure is not None
             s["declined"] = report.declined is not None
+            s["asked"] = pol.confidence_p() > 0.0  # this step's answer (draft() set it)
             orig(report)
 
         pol.draft, pol.observe = draft, obs
         engine.run(toks, max_tokens=64, params=GREEDY, reuse_cache=False)
     kinds = Counter("declined" if s["declined"] else s["name"] for s in steps)
     assert kinds["lookup"] and kinds["none"] and kinds["draft"] and kinds["declined"], kinds
+    assert sum(s["asked"] and s["name"] in ("none", "lookup") for s in steps) >= 20
     for s in steps:
-        want = 0 if s["declined"] or s["name"] == "draft" else 1
+        want = 0 if s["declined"] or s["name"] == "draft" or not s["asked"] else 1
         assert s["conf"] == want, s

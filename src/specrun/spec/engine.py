@@ -279,7 +279,6 @@ class Engine:
         eog = target.is_eog
         piece = target.piece
         policy = self.policy
-        p_conf = policy.confidence_p()
         t_decode = time.perf_counter()
         try:
             while run.finish is None:
@@ -311,6 +310,7 @@ class Engine:
                 )
                 st.record_pass(name, k_used, n_acc)
                 sure = None
+                p_conf = policy.confidence_p()  # asked each step: 0 while it cannot matter
                 if p_conf > 0.0 and name != "draft" and declined is None:
                     # The target's sureness at the step's first position: on plain steps and on
                     # lookup's too (or a lookup stretch froze the draft model's stop rate at what

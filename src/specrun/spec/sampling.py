@@ -114,7 +114,8 @@ def top_prob_below(logits: np.ndarray, p_min: float) -> bool:
     rivals = int(np.count_nonzero(logits > m - _NEAR_CUT)) - 1
     if rivals * math.exp(-_NEAR_CUT) > budget:
         return True
-    near = logits[logits > m - _TAIL_CUT]
+    # np.compress, not logits[mask]: the same elements, in 35 us instead of 80-90 (49k floats).
+    near = np.compress(logits > m - _TAIL_CUT, logits)
     others = float(np.exp((near - m).astype(np.float64)).sum()) - 1.0
     return others > budget
 
