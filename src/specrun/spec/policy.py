@@ -464,7 +464,7 @@ class AutoPolicy(Policy):
         best: tuple[float, str, int, Proposal | None] = (self.priors.margin, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
-        if self.model is not None:
+        if self.model is not None and self._draft_could_pay:  # else it cannot beat the margin
             k, s = self._draft_best(v, k_model, tokens=tokens)
             if k and s > best[0]:
                 best = (s, "draft", k, None)
@@ -502,6 +502,7 @@ class AutoPolicy(Policy):
         if (
             self.model is not None
             and key == "none"
+            and self._draft_could_pay
             and self._since >= self._probe_every
             and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar
         ):
@@ -529,8 +530,11 @@ class AutoPolicy(Policy):
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
 
     def _perfect_draft_pays(self, v: costmodel.VerifyCost, k: int) -> bool:
-        """Whether a draft model accepted whole that never stopped would beat the margin."""
-        if self.model is None or self.model.p_min <= 0.0 or k <= 0:
+        """Whether a draft model accepted whole that never stopped would beat the margin: an
+        upper bound of what ``_draft_best`` can predict (acceptance, stops and a catch-up owed
+        only lower it), so where it does not, neither the draft model nor a re-try of it is
+        priced, and the target's sureness goes unread (``confidence_p``)."""
+        if self.model is None or k <= 0:
             return False
         return costmodel.best_k([1.0] * k, self._draft_c(), v, k)[1] > self.priors.margin
 
