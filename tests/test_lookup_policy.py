@@ -513,6 +513,23 @@ def test_the_targets_confidence_stands_in_for_the_drafts():
     assert name == "draft"
 
 
+def test_a_slower_single_row_does_not_make_batches_look_cheaper():
+    """Calibrated V(n) holds while the machine's pace drifts: plain steps that take 15% longer
+    than at calibration leave V(3) and V(9) where they were (not 15% lower), and a 3-row pass
+    measured afterwards moves V(3) against the one-row time of now."""
+    policy = AutoPolicy(4, None, FakeDraftModel())
+    policy.calibrate({1: 0.0122, 3: 0.0222, 9: 0.0398}, 0.0066)
+    v0 = policy.costs.verify_cost()
+    for _ in range(40):
+        policy.costs.observe_verify(1, 0.014)
+    v = policy.costs.verify_cost()
+    assert policy.costs.t1() == pytest.approx(0.014, rel=1e-3)
+    assert v(3) == pytest.approx(v0(3)) and v(9) == pytest.approx(v0(9))
+    for _ in range(40):
+        policy.costs.observe_verify(3, 0.014 * 1.5)
+    assert policy.costs.verify_cost()(3) == pytest.approx(1.5, rel=1e-3)
+
+
 def test_the_targets_confidence_is_not_asked_where_no_draft_could_pay():
     """Reading the target's sureness costs a pass over the vocabulary each step; where even a
     draft accepted whole that never stopped would not pay (batches and draft steps this dear),
