@@ -102,6 +102,12 @@ def test_pass_times_are_measured_once_per_file_and_setting(tmp_path, monkeypatch
     m.decoded.clear()
     calibrate.pass_times(m)
     assert m.decoded
+    m.decoded.clear()  # llama.cpp rebuilt (other kernels, the same features): measured anew
+    from specrun.llama import backend
+
+    monkeypatch.setattr(backend, "build_id", lambda: "libggml-cpu.so:1:2")
+    calibrate.pass_times(m)
+    assert m.decoded
 
 
 def test_a_corrupt_cache_is_measured_over(tmp_path, monkeypatch):

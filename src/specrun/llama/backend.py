@@ -11,6 +11,7 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llama_cpp as ll
@@ -193,6 +194,23 @@ def llama_cpp_version() -> str | None:
     """The llama-cpp-python version this process runs."""
     v = getattr(ll, "__version__", None)
     return None if v is None else str(v)
+
+
+def build_id() -> str:
+    """The llama.cpp libraries this process loaded, as files (name, size, modification time): a
+    rebuild with other kernels (patches/) is another build even where ``system_info`` reads the
+    same, so what was measured on the old one (calibrate.py) is not taken for the new."""
+    lib = Path(str(getattr(ll.llama_cpp._lib, "_name", "") or ""))
+    if not lib.name:
+        return "?"
+    parts = []
+    with contextlib.suppress(OSError):
+        for f in sorted(lib.parent.iterdir()):
+            if (f.name.startswith("lib") and ".so" in f.name) or f.suffix in (".dylib", ".dll"):
+                if f.is_file() and not f.is_symlink():
+                    st = f.stat()
+                    parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return ";".join(parts) or str(lib)
 
 
 def system_info() -> str:

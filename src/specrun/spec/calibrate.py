@@ -33,7 +33,7 @@ def cache_file() -> Path:
 
 
 def _key(model: Any, sizes: Sequence[int]) -> str:
-    from specrun.llama.backend import cpu_name, system_info
+    from specrun.llama.backend import build_id, cpu_name, system_info
 
     st = Path(model.path).stat()
     cp = model.context_params()
@@ -43,6 +43,7 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
         str(st.st_size),
         str(st.st_mtime_ns),
         system_info(),
+        build_id(),
         cpu_name(),
         str(cp["n_threads"]),
         str(cp["n_threads_batch"]),
