@@ -93,7 +93,9 @@ def test_pass_times_are_measured_once_per_file_and_setting(tmp_path, monkeypatch
     m = FakeModel(gguf)
     first = calibrate.pass_times(m)
     assert sorted(first) == list(calibrate.SIZES) and all(t > 0 for t in first.values())
-    assert len(m.decoded) == len(calibrate.SIZES) * (calibrate.REPS + 1)
+    # the context once (calibrate.AT tokens), then every size, a warm-up round and REPS rounds
+    assert m.decoded[0] == calibrate.AT
+    assert len(m.decoded) == 1 + len(calibrate.SIZES) * (calibrate.REPS + 1)
     m.decoded.clear()
     assert calibrate.pass_times(m) == first and m.decoded == []  # from the cache
     calibrate.pass_times(FakeModel(gguf, threads=1))  # another setting: measured anew
