@@ -467,8 +467,8 @@ def test_cost_model_prices_a_draft_that_stops_where_unsure():
     c, q = 0.3, 0.7
     # A whole proposal accepted costs its last token's decode at the next step: + c * cum[K-1].
     want = (1 + q * cum[0]) / ((1 - q) * (c + v(1)) + q * (c + c * cum[0] + v(2)))
-    assert costmodel.attempt_speedup(cum, 1, c, v, go=q) == pytest.approx(want)
-    assert costmodel.attempt_speedup(cum, 3, c, v, go=1.0) == pytest.approx(
+    assert costmodel.speedups(cum, 1, c, v, go=q)[1] == pytest.approx(want)
+    assert costmodel.speedups(cum, 3, c, v, go=1.0)[3] == pytest.approx(
         costmodel.expected_tokens(cum, 3) / (3 * c + c * cum[2] + v(4))
     )
     # Lengths 0..2 of an attempt of K = 2, enumerated.
@@ -478,7 +478,7 @@ def test_cost_model_prices_a_draft_that_stops_where_unsure():
     want2 = sum(a * b for a, b in zip(p, tok, strict=True)) / sum(
         a * b for a, b in zip(p, cost, strict=True)
     )
-    assert costmodel.attempt_speedup(cum, 2, c, v, go=q) == pytest.approx(want2)
+    assert costmodel.speedups(cum, 2, c, v, go=q)[2] == pytest.approx(want2)
     sure = [1.0] * 4
     assert (
         costmodel.best_k(sure, 0.35, costmodel.linear_verify_cost(0.16), 4, go=0.3)[1]
@@ -646,15 +646,15 @@ def test_the_draft_goes_on_in_stretches():
     (a story) does not. go_on defaults to go (one rate for every position)."""
     v = costmodel.linear_verify_cost(0.12)
     acc = costmodel.geometric(0.97, 4)
-    same = costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3)
-    assert same == costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3, go_on=0.3)
+    same = costmodel.speedups(acc, 4, 0.25, v, go=0.3)[4]
+    assert same == costmodel.speedups(acc, 4, 0.25, v, go=0.3, go_on=0.3)[4]
     assert same < PRIORS.margin
-    assert costmodel.attempt_speedup(acc, 4, 0.25, v, go=0.3, go_on=0.95) > 1.15
+    assert costmodel.speedups(acc, 4, 0.25, v, go=0.3, go_on=0.95)[4] > 1.15
     # go = go_on = 1: the closed form
     assert (
         abs(
-            costmodel.attempt_speedup(acc, 4, 0.25, v, go=1.0, go_on=1.0)
-            - costmodel.attempt_speedup(acc, 4, 0.25, v)
+            costmodel.speedups(acc, 4, 0.25, v, go=1.0, go_on=1.0)[4]
+            - costmodel.speedups(acc, 4, 0.25, v)[4]
         )
         < 1e-12
     )

@@ -235,7 +235,7 @@ def probe(
     vcost = costmodel.linear_verify_cost(slope)
     # c here is the draft's time per drafted token over whole steps, the catch-up of a draft
     # accepted whole included, so DESIGN.md's K * c + V(K + 1) applies as it is (auto, which
-    # times a draft step per decode, prices that catch-up apart: costmodel.attempt_speedup).
+    # times a draft step per decode, prices that catch-up apart: costmodel.speedups).
     by_k = [costmodel.predicted_speedup(cum, k, c, vcost) for k in range(s.learn_k + 1)]
     best_k = max(range(len(by_k)), key=by_k.__getitem__)  # the first best: ties to the smaller K
     predicted = by_k[best_k]

@@ -6,8 +6,9 @@ the first estimates come from a prior (V(5) ~ 1.4): on a target whose batches ar
 (F16 or Q4_K_M on a 2-core CPU, V(5) 2-3.5 with the build specrun used to have) the first dozen
 bets were losses before the measurements caught up. So a model is timed once at load: passes of
 1, 2, 3, 5 and 9 rows with logits on every row (as verification reads them) after 200 tokens of
-context (where verification happens), alternating, medians of a few. The result is cached per model file, build, CPU,
-threads and GPU layers in ``$SPECRUN_HOME/calibration.json``, so later runs pay nothing.
+context (where verification happens), alternating, medians of a few. The result is cached per
+model file, build (the llama.cpp libraries' files), CPU, threads and GPU layers in
+``$SPECRUN_HOME/calibration.json``, so later runs pay nothing.
 """
 
 from __future__ import annotations

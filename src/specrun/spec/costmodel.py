@@ -100,22 +100,6 @@ def speedups(
     return out
 
 
-def attempt_speedup(
-    cum_acc: Sequence[float],
-    k: int,
-    c: float,
-    verify_cost: Callable[[int], float],
-    go: float = 1.0,
-    per_accepted: float = 0.0,
-    fixed: float = 0.0,
-    go_on: float | None = None,
-) -> float:
-    """Speed-up of a draft attempt of up to K tokens (``speedups``, at K)."""
-    if k > len(cum_acc):
-        raise ValueError(f"need acceptance for {k} positions, have {len(cum_acc)}")
-    return speedups(cum_acc, k, c, verify_cost, go, per_accepted, fixed, go_on)[k]
-
-
 def best_k(
     cum_acc: Sequence[float],
     c: float,

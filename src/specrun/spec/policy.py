@@ -644,7 +644,7 @@ class AutoPolicy(Policy):
     def _observe_declined(self, name: str, draft_s: float) -> None:
         """A draft attempt that proposed nothing: it cost a draft step and the step decoded
         plainly. Counted as a stop at the first position, which the cost model prices (costmodel.
-        attempt_speedup), not as plain decoding (a rarely-sure draft then looked free: story
+        speedups), not as plain decoding (a rarely-sure draft then looked free: story
         0.92x) nor as a rejection (an unsure start then sank the draft's acceptance on code it
         drafts at 0.98: auto 1.12x vs the draft's 1.47x)."""
         if name != "draft":
