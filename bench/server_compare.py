@@ -255,19 +255,18 @@ def main() -> int:
             # with the prompt, so its pass is left out of the time, and an EOS is a token. Left
             # as specrun reports it (every pass timed, EOS not counted), a 30-token answer read
             # ~7% slower than the same passes in llama-server's accounting.
-            t0, first, res = time.perf_counter(), None, None
+            first_pass, res = None, None
             for ev in eng.generate(
                 encode_chat(target, messages), max_tokens=args.n, params=greedy, reuse_cache=False
             ):
-                if first is None and isinstance(ev, Step):
-                    first = time.perf_counter() - t0
+                if first_pass is None and isinstance(ev, Step):
+                    first_pass = ev.stats.decode_seconds  # the decode time so far: one pass
                 elif isinstance(ev, Result):
                     res = ev
             assert res is not None
             st = res.stats
-            first_pass = max(0.0, first - st.prefill_seconds) if first is not None else 0.0
             eos = 1 if res.finish_reason == "eos" else 0
-            return st.generated + eos, st.decode_seconds - first_pass, res.text
+            return st.generated + eos, st.decode_seconds - (first_pass or 0.0), res.text
 
         n, sec = conversations(job, turn)
         return n / sec if sec else 0.0
