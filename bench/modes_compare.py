@@ -30,6 +30,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from specrun.bench import load_suite
@@ -125,20 +126,39 @@ class SeqResult:
                 self.modes_used[k] += v
 
 
+def converse(conversations: Iterable[Sequence[str]], turn: Callable[[list], str]) -> None:
+    """Every turn of every conversation through ``turn(messages) -> reply``, a follow-up
+    carrying the replies before it (a sequence of requests: ``seq:CATEGORY``)."""
+    for turns in conversations:
+        history: list[dict[str, str]] = []
+        for user in turns:
+            history.append({"role": "user", "content": user})
+            history.append({"role": "assistant", "content": turn(history)})
+
+
+def sequence(suite: str, key: str, limit: int = 0) -> list:
+    """The prompts of ``seq:CATEGORY`` in ``suite``, the first ``limit`` of them (0: all)."""
+    _, prompts = load_suite(suite)
+    seq = [p for p in prompts if p.category == key[len("seq:") :]]
+    seq = seq[:limit] if limit else seq
+    if not seq:
+        raise SystemExit(f"no prompts of category {key[len('seq:') :]!r} in {suite}")
+    return seq
+
+
 def run_sequence(
     log: DecodeLog, engine: Engine, target: Model, prompts: list, n: int
 ) -> tuple[SeqResult, list]:
     engine.clear_store()
     results, calls = [], []
-    for p in prompts:
-        history: list[dict[str, str]] = []
-        for user in p.turns:
-            history.append({"role": "user", "content": user})
-            toks = encode_chat(target, history)
-            r, cs = log.run(engine, toks, n)
-            results.append(r)
-            calls.extend(cs)
-            history.append({"role": "assistant", "content": r.text})
+
+    def turn(history: list) -> str:
+        r, cs = log.run(engine, encode_chat(target, history), n)
+        results.append(r)
+        calls.extend(cs)
+        return r.text  # type: ignore[attr-defined, no-any-return]
+
+    converse((p.turns for p in prompts), turn)
     return SeqResult(results), calls
 
 
@@ -198,8 +218,6 @@ def model_seconds(
 
 def prompt_text(key: str) -> str:
     if key.startswith("bench:"):
-        from specrun.bench import load_suite
-
         _, prompts = load_suite("builtin")
         found = [p for p in prompts if p.category == key[len("bench:") :]]
         if not found:
@@ -266,12 +284,7 @@ def main() -> None:
     for key in chosen:
         seq = None
         if key.startswith("seq:"):
-            _, suite = load_suite(a.suite)
-            seq = [p for p in suite if p.category == key[4:]]
-            if a.limit:
-                seq = seq[: a.limit]
-            if not seq:
-                raise SystemExit(f"no prompts of category {key[4:]!r} in {a.suite}")
+            seq = sequence(a.suite, key, a.limit)
             toks = encode_chat(target, [{"role": "user", "content": seq[0].turns[0]}])
         else:
             text = prompt_text(key)

@@ -48,7 +48,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from modes_compare import P_MIN, PROMPTS, make_engine, prompt_text  # noqa: E402
+from modes_compare import P_MIN, PROMPTS, converse, make_engine, prompt_text, sequence  # noqa: E402
 
 
 def free_port() -> int:
@@ -159,33 +159,26 @@ Job = list[list[str]]  # conversations, each its user turns
 
 
 def jobs_for(keys: list[str], suite: str, limit: int) -> dict[str, Job]:
-    from specrun.bench import load_suite
-
-    jobs: dict[str, Job] = {}
-    for key in keys:
-        if key.startswith("seq:"):
-            _, prompts = load_suite(suite)
-            seq = [p.turns for p in prompts if p.category == key[4:]]
-            seq = seq[:limit] if limit else seq
-            if not seq:
-                raise SystemExit(f"no prompts of category {key[4:]!r} in {suite}")
-            jobs[key] = seq
-        else:
-            jobs[key] = [[prompt_text(key)]]
-    return jobs
+    return {
+        key: [p.turns for p in sequence(suite, key, limit)]
+        if key.startswith("seq:")
+        else [[prompt_text(key)]]
+        for key in keys
+    }
 
 
 def conversations(job: Job, turn) -> tuple[int, float]:  # type: ignore[no-untyped-def]
-    """Every turn of every conversation through ``turn(messages) -> (tokens, seconds, reply)``,
-    each follow-up after the replies before it: (tokens, seconds) summed."""
+    """Every turn of every conversation through ``turn(messages) -> (tokens, seconds, reply)``
+    (modes_compare.converse): (tokens, seconds) summed."""
     tokens, seconds = 0, 0.0
-    for turns in job:
-        history: list[dict[str, str]] = []
-        for user in turns:
-            history.append({"role": "user", "content": user})
-            n, sec, reply = turn(history)
-            tokens, seconds = tokens + n, seconds + sec
-            history.append({"role": "assistant", "content": reply})
+
+    def one(history: list) -> str:
+        nonlocal tokens, seconds
+        n, sec, reply = turn(history)
+        tokens, seconds = tokens + n, seconds + sec
+        return str(reply)
+
+    converse(job, one)
     return tokens, seconds
 
 

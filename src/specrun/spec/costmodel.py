@@ -74,15 +74,8 @@ def speedups(
     if go_on is None:
         go_on = go
     out = [1.0 / verify_cost(1)]  # K = 0: plain decoding
-    if go >= 1.0 and go_on >= 1.0:  # every attempt proposes all K
-        accepted = 0.0
-        for k in range(1, k_max + 1):
-            accepted += cum_acc[k - 1]
-            e = 1.0 + accepted
-            cost = (k * c + verify_cost(k + 1)) + c * cum_acc[k - 1] + per_accepted * accepted
-            out.append(e / (cost + fixed))
-        return out
-    # Outcomes stopped before K: j = 0 (unsure at once) .. K - 1 proposed, summed as K grows.
+    # Outcomes stopped before K: j = 0 (unsure at once) .. K - 1 proposed, summed as K grows
+    # (weight 0 where go = go_on = 1: every attempt then proposes all K).
     tokens, cost = 0.0, fixed
     accepted = 0.0  # expected accepted drafts of a proposal of length j
     for j in range(k_max + 1):
