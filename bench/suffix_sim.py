@@ -7,7 +7,12 @@ order, as in one process) and priced with a verify-cost line V(n) = 1 + slope * 
 target steps (the model-time figures of bench/modes_compare.py price real passes the same way).
 Reports, per workload and drafter: speed-up over plain decoding, tokens per pass, acceptance.
 ``auto`` is AutoPolicy over the drafter alone (no draft model), fed the replayed costs.
-Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1] [--max-tokens 128]
+``llama-ngram-cache`` and ``llama-ngram-mod`` are llama-server's own n-gram drafters, ported
+(bench/llama_ngram.py). A ``bench:`` workload's requests each start afresh (specrun's store
+emptied, a new llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share
+one process, in order.
+Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
+[--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -23,14 +28,42 @@ from specrun.spec.policy import AutoPolicy, FixedPolicy, StepReport
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SuffixLookup
 
+try:
+    from llama_ngram import LlamaNgramCache, LlamaNgramMod
+except ImportError:  # run from elsewhere than bench/
+    from bench.llama_ngram import LlamaNgramCache, LlamaNgramMod
+
 GREEDY = SamplingParams()
 
 
-def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 0.02) -> dict:
+def verify_cost(vtable: dict[int, float] | None, slope: float):
+    """V(n) for n rows: linear between the table's sizes (and beyond its last two), else
+    1 + slope (n - 1)."""
+    if not vtable:
+        return lambda n: 1.0 + slope * (n - 1)
+    pts = sorted({1: 1.0, **vtable}.items())
+
+    def v(n: int) -> float:
+        for (a, va), (b, vb) in zip(pts, pts[1:], strict=False):
+            if n <= b:
+                return va + (vb - va) * (n - a) / (b - a)
+        (a, va), (b, vb) = pts[-2], pts[-1]
+        return vb + (vb - va) * (n - b) / (b - a)
+
+    return v
+
+
+def replay(
+    make_policy, reqs, max_tokens: int, k_cap: int, vcost, fresh: bool, t1: float = 0.02
+) -> dict:
+    """``make_policy()`` gives a new policy; ``fresh``: a new one per request (nothing carried)."""
     rng = np.random.default_rng(0)
     cost = plain = 0.0
     gen = passes = drafted = accepted = 0
+    policy = make_policy()
     for req in reqs:
+        if fresh:
+            policy = make_policy()
         policy.reset()  # as Engine.reset: a cold start; the lookup store stays
         tokens = list(req["prompt"])
         out = req["output"]
@@ -44,8 +77,12 @@ def replay(policy, reqs, max_tokens: int, k_cap: int, slope: float, t1: float = 
             while m < len(drafts) and i + m < len(out) and drafts[m] == out[i + m]:
                 m += 1
             new = out[i : i + m + 1]
-            v = 1.0 + slope * len(drafts)
+            v = vcost(len(drafts) + 1)
             cost += v
+            for d in policy.drafters:
+                hook = getattr(d, "accepted", None)  # llama-ngram-mod's accept()
+                if hook is not None and d.name == name:
+                    hook(m)
             passes += 1
             drafted += len(drafts)
             accepted += m
@@ -74,6 +111,10 @@ def make(kind: str, draft_max: int = 4):
     if kind == "auto":
         d = SuffixLookup()
         return AutoPolicy(draft_max, d, None), max(draft_max, d.k_max)
+    if kind == "llama-ngram-cache":
+        return FixedPolicy(LlamaNgramCache()), LlamaNgramCache.N_DRAFT
+    if kind == "llama-ngram-mod":
+        return FixedPolicy(LlamaNgramMod()), LlamaNgramMod.N_MAX
     raise SystemExit(f"unknown drafter {kind}")
 
 
@@ -81,18 +122,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs")
     ap.add_argument("--slope", type=float, default=0.1)
+    ap.add_argument(
+        "--vtable", default="", help="measured V(n), e.g. 2:1.55,3:1.77,5:2.40,9:3.88 (F16)"
+    )
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--kinds", default="ngram,suffix,auto-ngram,auto")
     a = ap.parse_args()
     runs = json.loads(Path(a.runs).read_text())
     kinds = a.kinds.split(",")
+    vtable = {int(n): float(v) for n, v in (x.split(":") for x in a.vtable.split(",") if x)}
+    vcost = verify_cost(vtable, a.slope)
     print("| workload | requests | " + " | ".join(kinds) + " |")
     print("|---|---:|" + "---:|" * len(kinds))
     for key, reqs in runs.items():
         cells = []
         for kind in kinds:
-            policy, k_cap = make(kind)
-            r = replay(policy, reqs, a.max_tokens, k_cap, a.slope)
+            k_cap = make(kind)[1]
+            r = replay(
+                lambda kind=kind: make(kind)[0], reqs, a.max_tokens, k_cap, vcost,
+                fresh=key.startswith("bench:"),
+            )
             cells.append(
                 f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f})"
             )

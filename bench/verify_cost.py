@@ -171,6 +171,12 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--lib", action="append", default=[], help="another llama.cpp build's bin dir")
+    ap.add_argument(
+        "--specrun-lib",
+        action="append",
+        default=[],
+        help="another build of specrun's llama.cpp (patches/; its bin dir), run as specrun runs it",
+    )
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -197,9 +203,13 @@ def main() -> int:
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
     files += [(Path(p).name, Path(p)) for p in args.model]
     # each other build's overlay is made once, then reused by every round
-    builds = [("specrun", None)] + [(str(lib), overlay(Path(lib))) for lib in args.lib]
-    rounds: dict[str, list[dict]] = {label: [] for label, _ in builds}
-    for _round, (label, lib) in itertools.product(range(args.rounds), builds):
+    builds = (
+        [("specrun", None, True)]
+        + [(f"specrun {lib}", overlay(Path(lib)), True) for lib in args.specrun_lib]
+        + [(str(lib), overlay(Path(lib)), False) for lib in args.lib]
+    )
+    rounds: dict[str, list[dict]] = {label: [] for label, _, _ in builds}
+    for _round, (label, lib, exact) in itertools.product(range(args.rounds), builds):
         env = dict(os.environ)
         if lib is not None:
             env["PYTHONPATH"] = os.pathsep.join(
@@ -217,7 +227,7 @@ def main() -> int:
             "--threads",
             str(threads),
         ]
-        if lib is not None:  # another build: as llama.cpp itself would run it
+        if not exact:  # another llama.cpp: as llama.cpp itself would run it
             cmd.append("--llama-defaults")
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if res.returncode != 0:

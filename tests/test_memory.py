@@ -202,6 +202,6 @@ def test_cli_refuses_a_context_that_cannot_fit_before_loading(tmp_path):
 
 
 def test_target_repacking_is_the_runtimes():
-    from specrun.llama.buffers import ROW_EXACT_REPACK
+    from specrun.llama.buffers import row_exact_repack
 
-    assert memory.TARGET_REPACKED_TYPES == ROW_EXACT_REPACK
+    assert memory.TARGET_REPACKED_TYPES == row_exact_repack()

@@ -7,6 +7,7 @@ headers, compatibility from a vocabulary-only load (milliseconds).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import replace
 from importlib import metadata
@@ -34,6 +35,9 @@ def build_info() -> dict[str, Any]:
     from specrun.llama import backend as runtime
 
     sysinfo = runtime.system_info()
+    # patches/' multi-column kernels, by version: 1 Q8_0, 3 K-quants too, 4 Q5_0 too
+    m = re.search(r"SPECRUN_COLS = (\d+)", sysinfo)
+    cols = int(m.group(1)) if m else 0
     devs = runtime.devices()
     from specrun.llama.rpc import supports_rpc
 
@@ -52,9 +56,12 @@ def build_info() -> dict[str, Any]:
         "mlock": runtime.supports_mlock(),
         "system_info": sysinfo,
         "batch_exact_cpu": runtime.batch_exact_cpu(),
-        "batched_q8_0_kernel": "SPECRUN_COLS = " in sysinfo,
-        "batched_k_quant_kernel": "SPECRUN_COLS = 3" in sysinfo,
+        "batched_q8_0_kernel": cols >= 1,
+        "batched_k_quant_kernel": cols >= 3,
+        "batched_q5_0_kernel": cols >= 4,
+        "row_exact_q4_k_repack": "SPECRUN_Q4_K_REPACK = 1" in sysinfo,
         "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
+        "batched_bf16_kernel": "SPECRUN_BF16_COLS = " in sysinfo,
         "devices": [d.__dict__ for d in devs],
     }
 

@@ -12,7 +12,7 @@ from typing import Any
 import llama_cpp as ll
 
 from specrun.errors import SpecrunError
-from specrun.llama.backend import init_backend
+from specrun.llama.backend import init_backend, system_info
 
 _extra_bufts: dict[str, int] | None = None
 AMX_OPT_IN = "SPECRUN_ALLOW_AMX"
@@ -54,10 +54,18 @@ class _BuftOverride(ctypes.Structure):
 
 
 # Weight types whose CPU_REPACK kernels give a row the same result alone and in a batch, on x86
-# (tests/test_row_exact_formats.py): Q4_0's 8x8 gemm and gemv agree bit for bit. Q4_K's do not
-# (its 4-row gemm and 1-row gemv part by up to 1.0 in the logits), nor is IQ4_NL's or MXFP4's
+# (tests/test_row_exact_formats.py): Q4_0's 8x8 gemm and gemv agree bit for bit. Q4_K's do with
+# patches/ (upstream's 1-row gemv rounds once per super block of 256 values and its 4-row gemm once
+# per 64, so a row parted by up to 1.0 in the logits between the two; the patched gemv rounds as
+# the gemm does), which the build reports as SPECRUN_Q4_K_REPACK. IQ4_NL's and MXFP4's are not
 # checked: a target keeps those in plain buffers, where one vec_dot serves every batch size.
 ROW_EXACT_REPACK = ("Q4_0",)
+ROW_EXACT_REPACK_PATCHED = ("Q4_0", "Q4_K")
+
+
+def row_exact_repack() -> tuple[str, ...]:
+    """The weight types a target may have repacked with this build of llama.cpp."""
+    return ROW_EXACT_REPACK_PATCHED if "SPECRUN_Q4_K_REPACK = 1" in system_info() else ROW_EXACT_REPACK
 
 
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
@@ -72,8 +80,9 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
       kernel (AVX512-VNNI) being sound and the fastest; any other keeps its weights out of AMX.
       SPECRUN_ALLOW_AMX=1 leaves AMX alone, for a llama.cpp where this is fixed.
     - Row exactness (``exact``: a target, whose verify passes must score each row as decoding it
-      alone would): CPU_REPACK's Q4_K kernels compute a batch in groups of four rows with
-      another summation than a single row, so only the types in ROW_EXACT_REPACK are repacked.
+      alone would): only the types whose repacked kernels are row-exact (``row_exact_repack``)
+      are repacked; upstream's Q4_K kernels compute a batch in groups of four rows with another
+      summation than a single row.
 
     Extra buffer types are then turned off and the layer matrices that may be repacked are put
     back in CPU_REPACK by name (rows in eights, as llama.cpp's x86 repacking needs).
@@ -94,7 +103,7 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
         info = validate_gguf(path, check_tensors=True)
     except SpecrunError:
         return None  # llama.cpp reports what is wrong with the file
-    allowed = ROW_EXACT_REPACK if exact else ("Q4_0", "Q4_K")
+    allowed = row_exact_repack() if exact else ("Q4_0", "Q4_K")
     repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
     types = {tname for _name, tname, _rows in info.layer_matrices}
     if not amx and not (types & repackable) - set(allowed):

@@ -33,8 +33,9 @@ DEFAULT_CACHE_TYPE = "f16"
 CTX_PAD = 256  # llama.cpp rounds n_ctx up to a multiple of this
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 # What a target's weights may be repacked as: only the types whose repacked kernels are row-exact
-# (runtime.ROW_EXACT_REPACK, kept in step by tests/test_memory.py).
-TARGET_REPACKED_TYPES = ("Q4_0",)
+# with specrun's build (buffers.row_exact_repack, kept in step by tests/test_memory.py; a build
+# without patches/ repacks fewer, and this estimate is then an upper bound).
+TARGET_REPACKED_TYPES = ("Q4_0", "Q4_K")
 GIB = 1024**3
 MIB = 1024**2
 

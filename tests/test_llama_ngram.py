@@ -1,0 +1,110 @@
+"""bench/llama_ngram.py: the ports of llama-server's n-gram drafters behave as the C++ does
+(common/ngram-cache.cpp, common/ngram-mod.cpp of the vendored llama.cpp), quirks included,
+and bench/suffix_sim.py replays them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture()
+def ngram(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import llama_ngram
+
+    return llama_ngram
+
+
+def _propose(d, tokens, k=16):
+    return d.propose(list(tokens), k, None, np.random.default_rng(0), True).tokens
+
+
+def test_ngram_cache_chains_through_its_own_draft_up_to_eight(ngram):
+    d = ngram.LlamaNgramCache()
+    seq = [5, 6, 7, 8] * 6
+    # every 1-4-gram of the cycle has one follower, seen 5+ times: the draft chains, capped at 8
+    assert _propose(d, seq) == [5, 6, 7, 8, 5, 6, 7, 8]
+    assert _propose(d, seq + [5], k=3) == [6, 7, 8]
+
+
+def test_ngram_cache_thresholds(ngram):
+    d = ngram.LlamaNgramCache()
+    # 3 -> 4 seen once: a 1- or 2-gram needs 2 samples; the 3-gram (1, 2, 3) needs only one
+    assert _propose(d, [1, 2, 3, 4, 9, 1, 2, 3]) == [4, 9, 1, 2, 3, 4, 9, 1]
+    d = ngram.LlamaNgramCache()
+    assert _propose(d, [7, 3, 4, 8, 3]) == []  # (3,) seen once, (8, 3) never: nothing
+    d = ngram.LlamaNgramCache()
+    # (3,) followed by 4, 5, 4: 2 of 3 = 66%, enough for a 1-gram (66%); by 4, 5: 50%, not
+    assert _propose(d, [3, 4, 3, 5, 3, 4, 0, 3], k=1) == [4]
+    d = ngram.LlamaNgramCache()
+    assert _propose(d, [3, 4, 3, 5, 0, 3], k=1) == []
+
+
+def test_ngram_cache_counts_only_within_each_chunk_of_new_tokens(ngram):
+    d = ngram.LlamaNgramCache()
+    assert _propose(d, [1, 2]) == []  # the first chunk, [1, 2]: (1,) -> 2 once
+    # the next chunk is [9, 1, 2, 9, 1]: its (2,) -> 9 is counted, the 2 -> 9 across the boundary
+    # is not; (9, 1) -> 2 was seen once, too few for a 2-gram; (1,) -> 2 twice drafts 2
+    assert _propose(d, [1, 2, 9, 1, 2, 9, 1], k=1) == [2]
+    assert d.cache[(2,)] == {9: 1}
+    assert d.cache[(1,)] == {2: 2}
+
+
+def test_ngram_mod_needs_a_long_repeat(ngram):
+    d = ngram.LlamaNgramMod()
+    text = list(range(100, 200))
+    prompt = text + [7, 7]
+    d.prefill(prompt)
+    # the text's first 24 tokens again: 48+ tokens follow them in the table
+    toks = prompt + text[:24]
+    got = _propose(d, toks, k=64)
+    assert got == text[24:88]
+    # a repeat of only 30 tokens cannot give 48: no proposal
+    d = ngram.LlamaNgramMod()
+    short = list(range(300, 330))
+    d.prefill(short + [1])
+    assert _propose(d, short + [1] + short[:24], k=64) == []
+
+
+def test_suffix_sim_replays_the_llama_drafters(tmp_path):
+    copy = list(range(1000, 1200))
+    runs = {
+        "seq:demo": [
+            {"prompt": [1, 2, 3] + copy + [4], "output": copy[:150]},
+            {"prompt": [5, 6], "output": copy[:150]},
+        ],
+        "bench:demo": [{"prompt": copy + [9], "output": copy[:150]}],
+    }
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "suffix_sim.py"),
+            str(path),
+            "--vtable",
+            "2:1.5,3:1.8,5:2.4,9:3.9",
+            "--max-tokens",
+            "200",
+            "--kinds",
+            "ngram,suffix,llama-ngram-cache,llama-ngram-mod",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if "demo" in line}
+    assert set(rows) == {"seq:demo", "bench:demo"}
+    # every drafter finds the copy: each speeds the replay up
+    for line in rows.values():
+        speedups = [float(c.split("x")[0]) for c in line.split("|")[3:-1]]
+        assert len(speedups) == 4 and all(s > 1.0 for s in speedups), line
