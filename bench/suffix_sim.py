@@ -139,7 +139,11 @@ def main() -> None:
         for kind in kinds:
             k_cap = make(kind)[1]
             r = replay(
-                lambda kind=kind: make(kind)[0], reqs, a.max_tokens, k_cap, vcost,
+                lambda kind=kind: make(kind)[0],
+                reqs,
+                a.max_tokens,
+                k_cap,
+                vcost,
                 fresh=key.startswith("bench:"),
             )
             cells.append(

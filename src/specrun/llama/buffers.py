@@ -65,7 +65,9 @@ ROW_EXACT_REPACK_PATCHED = ("Q4_0", "Q4_K")
 
 def row_exact_repack() -> tuple[str, ...]:
     """The weight types a target may have repacked with this build of llama.cpp."""
-    return ROW_EXACT_REPACK_PATCHED if "SPECRUN_Q4_K_REPACK = 1" in system_info() else ROW_EXACT_REPACK
+    return (
+        ROW_EXACT_REPACK_PATCHED if "SPECRUN_Q4_K_REPACK = 1" in system_info() else ROW_EXACT_REPACK
+    )
 
 
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
