@@ -5,13 +5,15 @@ lookup drafter would propose at each step, and how much of it the target accepts
 the prompt and these tokens alone. Usage:
 .venv/bin/python bench/record_greedy.py --out runs.json -n 128 bench:summarization seq:sql ...
 (``bench:CATEGORY``: every prompt of that builtin category, first turn, each its own request;
-``seq:CATEGORY``: every prompt of that category of data/workloads.jsonl, every turn, in order.)
+``seq:CATEGORY``: every prompt of that category of data/workloads.jsonl, every turn, in order;
+a name from bench/modes_compare.py's PROMPTS, e.g. ``story``: that prompt, one request.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from specrun.bench import load_suite
@@ -21,6 +23,8 @@ from specrun.models.registry import Registry
 from specrun.spec.engine import Engine, SpecConfig
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from modes_compare import PROMPTS  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +41,13 @@ def main() -> None:
     engine = Engine(target, None, SpecConfig(mode="none"))
     out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
     for key in a.workloads:
+        if key in PROMPTS:
+            toks = encode_chat(target, [{"role": "user", "content": PROMPTS[key]}])
+            r = engine.run(toks, max_tokens=a.n, reuse_cache=False)
+            out[key] = [{"id": key, "prompt": toks, "output": r.tokens}]
+            print(key, len(toks), len(r.tokens), flush=True)
+            Path(a.out).write_text(json.dumps(out))
+            continue
         kind, _, cat = key.partition(":")
         suite = (
             "builtin" if kind == "bench" else str(HERE.parent / "src/specrun/data/workloads.jsonl")

@@ -1,10 +1,10 @@
 """specrun against llama.cpp's own llama-server on the same pair, prompts, threads and greedy decoding.
 
 For each llama-server configuration a server is started on 127.0.0.1 (and stopped after), each
-prompt is sent as a chat turn (`/v1/chat/completions`, temperature 0, `max_tokens` N) and the
-server's own decode speed (`timings.predicted_n / predicted_ms`) is kept; specrun's runs use the
-same chat template (the GGUF's) through its engine, its decode speed counted the way llama-server
-counts its own: the first token comes with the prompt (its pass is not timed) and an EOS is a
+chat turn is rendered with the GGUF's template by specrun and sent to both sides as the same
+prompt tokens (llama-server's `/completion`, temperature 0, `n_predict` N), and the server's own
+decode speed (`timings.predicted_n / predicted_ms`) is kept; specrun's decode speed is counted the
+way llama-server counts its own: the first token comes with the prompt (its pass is not timed) and an EOS is a
 token. A run per prompt per configuration per repeat; medians; speed-ups against each side's own
 plain decoding and against llama-server's plain decoding.
 
@@ -22,7 +22,11 @@ turn, a follow-up carrying each side's own earlier replies, as one run: specrun'
 and one llama-server's n-gram state (a server per sequence) kept across its requests, its tok/s
 the sequence's tokens over its decode time. Single prompts start afresh every time (the store
 cleared; a server per request). The sides alternate per prompt and repeat, so that a slow spell
-of the machine lands on both.
+of the machine lands on both. Every configuration's replies are compared with its own side's
+plain decoding (greedy speculation should not change the text; the report names where it did),
+and the two sides' plain decodings with each other (llama.cpp's default build batches the prompt
+with other kernels, so its greedy text can part from specrun's at a near-tie: speeds are then of
+different texts of the same length).
 
     .venv/bin/python bench/server_compare.py --llama-server /path/llama-server --pair smollm2-135m \\
         --specrun none,draft:4,lookup:4,auto:8 --server none,md:4,ngram-mod --repeats 2 -n 128
@@ -85,8 +89,9 @@ class Server:
             "-np",
             "1",
             "--no-webui",
-            "-fa",
-            "off",
+            # Flash attention as llama-server's default (auto: on for the CPU). With it off the
+            # default build's batched prompt pass (llamafile's sgemm) parted from specrun's at the
+            # Q8_0 pair's story's 4th token, and llama-server then decoded a loop.
         ]
         if cfg.startswith("md:"):
             cmd += [
@@ -126,24 +131,24 @@ class Server:
                 raise RuntimeError(f"llama-server ({cfg}) did not become healthy")
             time.sleep(0.3)
 
-    def run(self, messages: list[dict[str, str]], n: int) -> tuple[int, float, str]:
-        """One chat turn: (tokens decoded, their decode seconds, the reply)."""
+    def run(self, prompt: list[int], n: int) -> tuple[int, float, str]:
+        """One request of these prompt tokens: (tokens decoded, their decode seconds, the reply).
+        Tokens, not chat messages: llama-server's own rendering of a chat template can differ
+        from the GGUF's (SmolLM2's default system message left out), and the two sides then
+        decode different texts (on the Q8_0 pair's story llama-server fell into a loop that its
+        n-gram drafter sped up 1.47x)."""
         out = post(
-            f"http://127.0.0.1:{self.port}/v1/chat/completions",
+            f"http://127.0.0.1:{self.port}/completion",
             {
-                "messages": messages,
-                "max_tokens": n,
+                "prompt": prompt,
+                "n_predict": n,
                 "temperature": 0,
                 "seed": 0,
                 "cache_prompt": False,
             },
         )
         t = out["timings"]
-        return (
-            int(t["predicted_n"]),
-            float(t["predicted_ms"]) / 1e3,
-            out["choices"][0]["message"]["content"],
-        )
+        return int(t["predicted_n"]), float(t["predicted_ms"]) / 1e3, str(out["content"])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -167,19 +172,21 @@ def jobs_for(keys: list[str], suite: str, limit: int) -> dict[str, Job]:
     }
 
 
-def conversations(job: Job, turn) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+def conversations(job: Job, turn) -> tuple[int, float, list[str]]:  # type: ignore[no-untyped-def]
     """Every turn of every conversation through ``turn(messages) -> (tokens, seconds, reply)``
-    (modes_compare.converse): (tokens, seconds) summed."""
+    (modes_compare.converse): (tokens, seconds) summed, and the replies."""
     tokens, seconds = 0, 0.0
+    replies: list[str] = []
 
     def one(history: list) -> str:
         nonlocal tokens, seconds
         n, sec, reply = turn(history)
         tokens, seconds = tokens + n, seconds + sec
+        replies.append(str(reply))
         return str(reply)
 
     converse(job, one)
-    return tokens, seconds
+    return tokens, seconds, replies
 
 
 def main() -> int:
@@ -239,7 +246,7 @@ def main() -> int:
         engines[f"specrun {cfg}"] = eng
     greedy = SamplingParams(temp=0.0, seed=0)
 
-    def specrun_job(eng, job: Job) -> float:  # type: ignore[no-untyped-def]
+    def specrun_job(eng, job: Job) -> tuple[float, list[str]]:  # type: ignore[no-untyped-def]
         # A sequence's requests share the suffix store; the next job starts without it.
         eng.clear_store()
 
@@ -261,27 +268,36 @@ def main() -> int:
             eos = 1 if res.finish_reason == "eos" else 0
             return st.generated + eos, st.decode_seconds - (first_pass or 0.0), res.text
 
-        n, sec = conversations(job, turn)
-        return n / sec if sec else 0.0
+        n, sec, replies = conversations(job, turn)
+        return (n / sec if sec else 0.0), replies
 
-    def server_job(cfg: str, job: Job) -> float:
+    def server_job(cfg: str, job: Job) -> tuple[float, list[str]]:
         # A sequence is one server's: its n-gram state is kept across the sequence's requests,
         # as specrun's store is; a single prompt gets a fresh server (a first request).
         srv = Server(args.llama_server, tpath, dpath, cfg, threads, args.ctx)
         try:
-            n, sec = conversations(job, lambda m: srv.run(m, args.n))
+            n, sec, replies = conversations(job, lambda m: srv.run(encode_chat(target, m), args.n))
         finally:
             srv.stop()
-        return n / sec if sec else 0.0
+        return (n / sec if sec else 0.0), replies
+
+    # The replies of each configuration's first run: greedy decoding should give every one the
+    # same text; where a configuration's differ from specrun none's, it decoded other text (its
+    # batched passes parting from its single rows at a near-tie, or another chat template), and
+    # its speed is for that text.
+    texts: dict[str, dict[str, list[str]]] = {}
+
+    def record(label: str, key: str, got: tuple[float, list[str]]) -> None:
+        results.setdefault(label, {}).setdefault(key, []).append(got[0])
+        texts.setdefault(label, {}).setdefault(key, got[1])
 
     for _ in range(args.repeats):
         for key, job in jobs.items():
             for label, eng in engines.items():
-                results.setdefault(label, {}).setdefault(key, []).append(specrun_job(eng, job))
+                record(label, key, specrun_job(eng, job))
             for cfg in args.server.split(","):
                 if cfg:
-                    tps = server_job(cfg, job)
-                    results.setdefault(f"llama-server {cfg}", {}).setdefault(key, []).append(tps)
+                    record(f"llama-server {cfg}", key, server_job(cfg, job))
     target.close()
     draft.close()
 
@@ -316,10 +332,42 @@ def main() -> int:
             else float("nan")
         )
         print(f"| {lab} | " + " | ".join(cells) + f" | {gm:.2f}x | {gl:.2f}x |")
+    # Exactness per side: each configuration's replies against its own side's plain decoding.
+    # The two sides' plain decodings may differ from each other: llama.cpp's default build
+    # computes the prompt's batch (llamafile's sgemm, flash attention) in another order than
+    # specrun's row-exact build, and greedy decoding parts at the first near-tie.
+    same = {}
+    for lab, by in texts.items():
+        ref = texts.get("specrun none" if lab.startswith("specrun") else "llama-server none", {})
+        same[lab] = {p: by[p] == ref.get(p, by[p]) for p in prompts}
+    differ = [
+        f"{lab}: {', '.join(p for p, ok in by.items() if not ok)}"
+        for lab, by in same.items()
+        if not all(by.values())
+    ]
+    print(
+        "Replies other than the same side's plain decoding's: "
+        + ("; ".join(differ) if differ else "none")
+    )
+    a, b = texts.get("specrun none"), texts.get("llama-server none")
+    if a and b:
+        both = [p for p in prompts if a[p] == b[p]]
+        print(
+            f"specrun none and llama-server none gave the same text on {len(both)} of "
+            f"{len(prompts)}" + (f" ({', '.join(both)})" if both else "")
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"pair": args.pair, "threads": threads, "n": args.n, "cpu": cpu, "tok_s": med},
+                {
+                    "pair": args.pair,
+                    "threads": threads,
+                    "n": args.n,
+                    "cpu": cpu,
+                    "tok_s": med,
+                    "same_text": same,
+                    "replies": texts,
+                },
                 indent=1,
             )
         )

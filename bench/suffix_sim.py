@@ -56,14 +56,23 @@ def verify_cost(vtable: dict[int, float] | None, slope: float):
 def replay(
     make_policy, reqs, max_tokens: int, k_cap: int, vcost, fresh: bool, t1: float = 0.02
 ) -> dict:
-    """``make_policy()`` gives a new policy; ``fresh``: a new one per request (nothing carried)."""
+    """``make_policy()`` gives a new policy; ``fresh``: a new one per request (nothing carried).
+    An ``auto`` policy starts from the pass costs as a calibration would measure them (V(1),
+    V(2), V(3), V(5), V(9)), as the engine's does (calibrate.py)."""
     rng = np.random.default_rng(0)
+
+    def new_policy():  # type: ignore[no-untyped-def]
+        p = make_policy()
+        if isinstance(p, AutoPolicy):
+            p.calibrate({n: vcost(n) * t1 for n in (1, 2, 3, 5, 9)})
+        return p
+
     cost = plain = 0.0
     gen = passes = drafted = accepted = 0
-    policy = make_policy()
+    policy = new_policy()
     for req in reqs:
         if fresh:
-            policy = make_policy()
+            policy = new_policy()
         policy.reset()  # as Engine.reset: a cold start; the lookup store stays
         tokens = list(req["prompt"])
         out = req["output"]

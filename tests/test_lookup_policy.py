@@ -686,3 +686,36 @@ def test_a_match_length_borrows_from_the_others():
         policy._acc("lookup:4").update(4, 0)
     assert policy._lookup_prior("lookup:2") < 0.3 < PRIORS.accept_lookup
     assert policy._lookup_prior("lookup:4") == PRIORS.accept_lookup  # not itself
+
+
+def test_reset_keeps_part_of_lookups_acceptance_and_clear_store_forgets_it():
+    """A new request in the same process (Engine.reset) keeps lookup's acceptance counts at
+    PRIORS.lookup_carry of their weight, as the lookup store is kept; Engine.clear_store (every
+    run a first request) drops them. The draft model's estimates start cold either way."""
+    policy = AutoPolicy(4, PromptLookup(1, 4), FakeDraftModel())
+    acc = policy._acc("lookup:4")
+    prior = acc.estimate()
+    for _ in range(20):
+        acc.update(4, 4)  # every proposal accepted whole
+    policy._acc("draft").update(4, 0)
+    learnt, tries = acc.estimate(), list(acc.tries)
+    policy.reset()
+    kept = policy.acc["lookup:4"]
+    assert kept.tries == pytest.approx([t * PRIORS.lookup_carry for t in tries])
+    assert prior[0] < kept.estimate()[0] <= learnt[0]
+    assert "draft" not in policy.acc  # the draft model's estimate starts from its prior
+    policy.forget_lookup()
+    assert policy._acc("lookup:4").estimate() == prior
+
+
+def test_engine_clear_store_forgets_autos_lookup_estimates():
+    from fakes import FakeModel, cycle_rule
+
+    from specrun.spec.engine import Engine, SpecConfig
+
+    eng = Engine(FakeModel(cycle_rule("abc")), None, SpecConfig(mode="auto", draft_max=4))
+    eng.policy._acc("lookup:2").update(2, 2)
+    eng.reset()
+    assert "lookup:2" in eng.policy.acc
+    eng.clear_store()
+    assert "lookup:2" not in eng.policy.acc

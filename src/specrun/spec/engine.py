@@ -220,10 +220,14 @@ class Engine:
 
     def clear_store(self) -> None:
         """Forget the lookup store of earlier outputs (kept across ``reset``, in memory; the
-        file, if any, is rewritten only at the next generation's end)."""
+        file, if any, is rewritten only at the next generation's end), and auto's estimates of
+        lookup's acceptance (kept across ``reset`` at a fraction of their weight)."""
         store = getattr(self.lookup, "store", None)
         if store is not None:
             store.clear()
+        forget = getattr(self.policy, "forget_lookup", None)
+        if forget is not None:
+            forget()  # what auto learnt of lookup's acceptance goes with it
 
     def reset(self) -> None:
         """Forget both caches (bench: every run starts cold). The lookup store of earlier
