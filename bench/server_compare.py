@@ -4,8 +4,8 @@ For each llama-server configuration a server is started on 127.0.0.1 (and stoppe
 chat turn is rendered with the GGUF's template by specrun and sent to both sides as the same
 prompt tokens (llama-server's `/completion`, temperature 0, `n_predict` N), and the server's own
 decode speed (`timings.predicted_n / predicted_ms`) is kept; specrun's decode speed is counted the
-way llama-server counts its own: the first token comes with the prompt (its pass is not timed) and an EOS is a
-token. A run per prompt per configuration per repeat; medians; speed-ups against each side's own
+way llama-server counts its own: the first token comes with the prompt (its pass is not timed)
+and an EOS is a token. A run per prompt per configuration per repeat; medians; speed-ups against each side's own
 plain decoding and against llama-server's plain decoding.
 
 llama-server configurations: none (target alone), md:K (`--spec-type draft-simple -md DRAFT
@@ -281,10 +281,9 @@ def main() -> int:
             srv.stop()
         return (n / sec if sec else 0.0), replies
 
-    # The replies of each configuration's first run: greedy decoding should give every one the
-    # same text; where a configuration's differ from specrun none's, it decoded other text (its
-    # batched passes parting from its single rows at a near-tie, or another chat template), and
-    # its speed is for that text.
+    # The replies of each configuration's first run: greedy speculation should give the text of
+    # its side's plain decoding; where it did not, its batched passes parted from its single rows
+    # at a near-tie, and its speed is for another text (compared below).
     texts: dict[str, dict[str, list[str]]] = {}
 
     def record(label: str, key: str, got: tuple[float, list[str]]) -> None:

@@ -205,3 +205,17 @@ def test_target_repacking_is_the_runtimes():
     from specrun.llama.buffers import row_exact_repack
 
     assert memory.TARGET_REPACKED_TYPES == row_exact_repack()
+
+
+def test_q4_k_is_repacked_for_a_target_only_where_the_build_says_so(monkeypatch):
+    """A target's Q4_K layers go to CPU_REPACK only with patches/' row-exact Q4_K gemv, which the
+    build reports as SPECRUN_Q4_K_REPACK; any other llama.cpp (an unpatched one, ARM's kernels)
+    keeps them in plain buffers."""
+    from specrun.llama import buffers
+
+    monkeypatch.setattr(buffers, "system_info", lambda: "CPU : AVX2 = 1 | REPACK = 1 |")
+    assert buffers.row_exact_repack() == ("Q4_0",)
+    monkeypatch.setattr(
+        buffers, "system_info", lambda: "CPU : AVX2 = 1 | SPECRUN_Q4_K_REPACK = 1 | REPACK = 1 |"
+    )
+    assert buffers.row_exact_repack() == ("Q4_0", "Q4_K")
