@@ -69,17 +69,18 @@ def test_model_options_become_llama_params_per_model():
         CACHE_TYPES["q4_0"][0],
         CACHE_TYPES["f16"][0],
     )  # V: as the target's
-    # Defaults: the draft follows the target; flash attention auto is off for a model on the CPU
-    # (row-exact batches), llama.cpp's choice (None) for one offloaded to a GPU, on for a
-    # quantized V cache.
+    # Defaults: the draft follows the target; flash attention auto is on for a model on the CPU
+    # where the build's kernel is row-exact (make install's: patches/), else off; llama.cpp's
+    # choice (None) for one offloaded to a GPU, on for a quantized V cache.
     # (A GPU here, not llama_supports_gpu_offload(): a build with RPC says True on any machine.)
-    from specrun.llama.backend import local_gpus
+    from specrun.llama.backend import flash_attn_row_exact, local_gpus
 
+    cpu_fa = flash_attn_row_exact()
     o = ModelOptions(ctx=2048, threads=3)
     d = o.load_options(True)
     assert (d.n_ctx, d.n_threads) == (2048, 3)
-    assert d.flash_attn is (None if local_gpus() else False)
-    assert ModelOptions(ngl=0).load_options(False).flash_attn is False
+    assert d.flash_attn is (None if local_gpus() else cpu_fa)
+    assert ModelOptions(ngl=0).load_options(False).flash_attn is cpu_fa
     assert ModelOptions(cache_type_v="q8_0").load_options(False).flash_attn is True
 
 
@@ -191,6 +192,7 @@ def test_info_reports_build_machine_and_pair():
     if "AVX2 = 1" in b["system_info"] and "F16C = 1" in b["system_info"]:
         assert b["batched_q8_0_kernel"] and b["batched_k_quant_kernel"], b["system_info"]
         assert b["batched_q5_0_kernel"] and b["row_exact_q4_k_repack"], b["system_info"]
+        assert b["row_exact_flash_attn"], b["system_info"]
         assert b["batched_f16_kernel"], b["system_info"]
     if "AVX512_BF16 = 1" in b["system_info"]:
         assert b["batched_bf16_kernel"], b["system_info"]
@@ -199,10 +201,12 @@ def test_info_reports_build_machine_and_pair():
     t = mi["models"][0]
     assert t["n_layer"] == 30 and t["n_vocab"] == 49152 and t["estimate"]["kv"] > 0
     assert t["placement"]["n_ctx"] == 4096 and mi["memory"]["fits"] is True
-    from specrun.llama.backend import local_gpus
+    from specrun.llama.backend import flash_attn_row_exact, local_gpus
 
-    # Flash attention as placed: auto is off for a model on the CPU (on only where asked).
-    assert t["placement"]["flash_attn"] == ("auto" if local_gpus() else "off")
+    # Flash attention as placed: auto is on for a model on the CPU where the build's kernel is
+    # row-exact, else off.
+    cpu_fa = "on" if flash_attn_row_exact() else "off"
+    assert t["placement"]["flash_attn"] == ("auto" if local_gpus() else cpu_fa)
     # The text form says the same in words.
     r = _run("info", "--ctx", "1024")
     assert r.returncode == 0, r.stderr

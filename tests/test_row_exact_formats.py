@@ -59,3 +59,24 @@ def test_batched_rows_equal_single_rows(model_path, fmt):
         )
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("fmt", ["F16", "Q8_0", "Q4_K_M"])
+def test_flash_attention_rows_are_exact_past_512_cached_cells(model_path, fmt):
+    """With flash attention (on by default for a CPU model where the build says its kernel is
+    row-exact), past the 512 cached cells where upstream's kernel splits a single row's pass
+    over the cache across threads: a row alone and in a batch get the same logits. Upstream
+    parted by up to 5.7e-1 (Q4_K_M) at 561 tokens."""
+    from specrun.llama.backend import flash_attn_row_exact
+
+    if not flash_attn_row_exact():
+        pytest.skip("this llama.cpp build's flash attention is not the row-exact one (patches/)")
+    path = derived(model_path, fmt)
+    m = Model(path, LoadOptions(n_ctx=2048, n_threads=THREADS, n_outputs_max=16, flash_attn=True))
+    try:
+        assert m.load_report.get("flash_attn") == "enabled", m.load_report
+        prompt = m.tokenize(TEXT * 20, add_special=True)
+        assert len(prompt) > 512
+        assert_rows_exact(m, prompt, (2, 5, 9), f"{fmt} with flash attention")
+    finally:
+        m.close()

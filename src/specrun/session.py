@@ -159,7 +159,8 @@ class ModelOptions:
         )
 
     def _flash_attn(self, ngl: int, type_v: int, remote: bool = False) -> bool | None:
-        """--flash-attn on/off as given; auto as runtime.auto_flash_attn decides (off on the CPU)."""
+        """--flash-attn on/off as given; auto as runtime.auto_flash_attn decides (on the CPU: on
+        where the build's kernel is row-exact)."""
         flag = self.flash_attn_flag
         if flag is not None:
             return flag
