@@ -46,7 +46,6 @@ class LlamaNgramCache:
     def __init__(self) -> None:
         self.cache: dict[tuple[int, ...], dict[int, int]] = {}
         self.cache_size = 0
-        self.last_match = self.last_support = 0
 
     def prefill(self, tokens: list[int]) -> int:
         return 0  # begin() is a no-op
@@ -56,12 +55,6 @@ class LlamaNgramCache:
 
     def rollback(self, valid_len: int) -> None:
         pass
-
-    def finish(self, tokens: list[int]) -> None:
-        pass
-
-    def bucket(self) -> str:
-        return "1"
 
     def _try(self, ctx: list[int]) -> int | None:
         # try_draft over the context cache: the longest n-gram first, lax thresholds
@@ -112,13 +105,11 @@ class LlamaNgramMod:
         self.i_last = 0
         self.n_draft_last = 0
         self.n_low = 0
-        self._last_k = 0
-        self.last_match = self.last_support = 0
 
     def _idx(self, toks: list[int]) -> int:
         res = 0
         for t in toks:
-            res = (res * 6364136223846793005 + (t & 0xFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
+            res = (res * 6364136223846793005 + t) & 0xFFFFFFFFFFFFFFFF  # size_t arithmetic
         return res % self.SIZE
 
     def _add(self, ctx: list[int], i: int) -> None:
@@ -140,12 +131,6 @@ class LlamaNgramMod:
 
     def reset(self) -> None:
         pass
-
-    def finish(self, tokens: list[int]) -> None:
-        pass
-
-    def bucket(self) -> str:
-        return "1"
 
     def rollback(self, valid_len: int) -> None:
         pass

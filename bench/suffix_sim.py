@@ -3,8 +3,8 @@
 Under greedy decoding a lookup proposal's fate is fixed by the target's tokens: the accepted
 part is its longest prefix that equals what the target produced next. Each recorded request is
 replayed pass by pass through a drafter (the store carries over the requests of a workload, in
-order, as in one process) and priced with a verify-cost line V(n) = 1 + slope * (n - 1) in
-target steps (the model-time figures of bench/modes_compare.py price real passes the same way).
+order, as in one process) and priced V(n) target steps, from a measured table (``--vtable``) or
+a line 1 + slope * (n - 1) (the model-time figures of bench/modes_compare.py price real passes the same way).
 Reports, per workload and drafter: speed-up over plain decoding, tokens per pass, acceptance.
 ``auto`` is AutoPolicy over the drafter alone (no draft model), fed the replayed costs.
 ``llama-ngram-cache`` and ``llama-ngram-mod`` are llama-server's own n-gram drafters, ported
