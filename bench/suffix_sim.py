@@ -8,11 +8,15 @@ a line 1 + slope * (n - 1) (the model-time figures of bench/modes_compare.py pri
 Reports, per workload and drafter: speed-up over plain decoding, tokens per pass, acceptance.
 ``auto`` is AutoPolicy over the drafter alone (no draft model), fed the replayed costs.
 ``llama-ngram-cache`` and ``llama-ngram-mod`` are llama-server's own n-gram drafters, ported
-(bench/llama_ngram.py). A ``bench:`` workload's requests each start afresh (specrun's store
+(bench/llama_ngram.py). ``suffix-tree`` is the suffix drafter verifying two candidate sequences
+in one pass (a tree with two branches at the root): its best path and the best path that starts
+with another token (the matched context's second most frequent follower, or the other
+automaton's path), both priced as one pass of 1 + both lengths rows; the longer accepted branch
+counts. ``--tree-min-share`` is the least count share the second branch's first token needs. A ``bench:`` workload's requests each start afresh (specrun's store
 emptied, a new llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share
 one process, in order.
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
-[--max-tokens 128]
+[--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto] [--tree-min-share 0.2]
 """
 
 from __future__ import annotations
@@ -53,8 +57,38 @@ def verify_cost(vtable: dict[int, float] | None, slope: float):
     return v
 
 
+def second_branch(d: SuffixLookup, first: list[int], k: int, min_share: float) -> list[int]:
+    """The best continuation that does not start with ``first[0]``: over both automata (the
+    current sequence's and the store's) at their matched states, the follower with the largest
+    count share other than ``first[0]``, then its most frequent path, capped as the drafter caps
+    a path of that match."""
+    if not first:
+        return []
+    best: tuple[float, list[int]] = (0.0, [])
+    for sam, (state, length) in ((d.sam, d.cur), (d.store.sam, d.st)):
+        if length < d.n_min or state == 0:
+            continue
+        children = sam.nxt[state]
+        total = sum(sam.cnt[s] for s in children.values())
+        for tok, st in children.items():
+            share = sam.cnt[st] / total if total else 0.0
+            if tok == first[0] or share < min_share or share <= best[0]:
+                continue
+            rest, _probs, _sup = sam.walk(st, k - 1, d.MIN_PROB / share)
+            cap = min(k, d._cap(length, sam.cnt[st]))
+            best = (share, ([tok] + rest)[:cap])
+    return best[1]
+
+
 def replay(
-    make_policy, reqs, max_tokens: int, k_cap: int, vcost, fresh: bool, t1: float = 0.02
+    make_policy,
+    reqs,
+    max_tokens: int,
+    k_cap: int,
+    vcost,
+    fresh: bool,
+    t1: float = 0.02,
+    tree_min_share: float | None = None,
 ) -> dict:
     """``make_policy()`` gives a new policy; ``fresh``: a new one per request (nothing carried).
     An ``auto`` policy starts from the pass costs as a calibration would measure them (V(1),
@@ -68,7 +102,7 @@ def replay(
         return p
 
     cost = plain = 0.0
-    gen = passes = drafted = accepted = 0
+    gen = passes = drafted = accepted = trees = alt_won = 0
     policy = new_policy()
     for req in reqs:
         if fresh:
@@ -82,18 +116,26 @@ def replay(
             k = min(k_cap, max_tokens - i - 1)
             name, prop = policy.draft(tokens, k, GREEDY, rng, True) if k > 0 else ("none", None)
             drafts = prop.tokens if prop is not None else []
+            alt: list[int] = []
+            if tree_min_share is not None and drafts:
+                alt = second_branch(policy.drafters[0], drafts, k, tree_min_share)
+                trees += bool(alt)
             m = 0
             while m < len(drafts) and i + m < len(out) and drafts[m] == out[i + m]:
                 m += 1
+            if alt and m == 0:  # the first branch failed at its first token: the second's turn
+                while m < len(alt) and i + m < len(out) and alt[m] == out[i + m]:
+                    m += 1
+                alt_won += m > 0
             new = out[i : i + m + 1]
-            v = vcost(len(drafts) + 1)
+            v = vcost(len(drafts) + len(alt) + 1)
             cost += v
             for d in policy.drafters:
                 hook = getattr(d, "accepted", None)  # llama-ngram-mod's accept()
                 if hook is not None and d.name == name:
                     hook(m)
             passes += 1
-            drafted += len(drafts)
+            drafted += len(drafts) + len(alt)
             accepted += m
             policy.observe(StepReport(name if drafts else "none", len(drafts), m, 0.0, v * t1, new))
             tokens += new
@@ -106,13 +148,15 @@ def replay(
         "tok_per_pass": gen / passes if passes else 0.0,
         "acceptance": accepted / drafted if drafted else 0.0,
         "passes": passes,
+        "trees": trees,
+        "second_won": alt_won,
     }
 
 
 def make(kind: str, draft_max: int = 4):
     if kind == "ngram":
         return FixedPolicy(PromptLookup(1, 4)), draft_max
-    if kind == "suffix":
+    if kind in ("suffix", "suffix-tree"):
         d = SuffixLookup()
         return FixedPolicy(d), max(draft_max, d.k_max)
     if kind == "auto-ngram":
@@ -136,6 +180,7 @@ def main() -> None:
     )
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--kinds", default="ngram,suffix,auto-ngram,auto")
+    ap.add_argument("--tree-min-share", type=float, default=0.2)
     a = ap.parse_args()
     runs = json.loads(Path(a.runs).read_text())
     kinds = a.kinds.split(",")
@@ -154,9 +199,16 @@ def main() -> None:
                 k_cap,
                 vcost,
                 fresh=key.startswith("bench:"),
+                tree_min_share=a.tree_min_share if kind == "suffix-tree" else None,
+            )
+            tree = (
+                f", 2 branches {r['trees']}/{r['passes']}, second won {r['second_won']}"
+                if kind == "suffix-tree"
+                else ""
             )
             cells.append(
-                f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f})"
+                f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f}"
+                f"{tree})"
             )
         print(f"| {key} | {len(reqs)} | " + " | ".join(cells) + " |")
 

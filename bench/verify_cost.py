@@ -61,11 +61,19 @@ def derived(fmt: str, base: str) -> Path:
 
 
 def measure(
-    path: Path, pos: int, reps: int, threads: int, sizes: tuple[int, ...], exact: bool = True
+    path: Path,
+    pos: int,
+    reps: int,
+    threads: int,
+    sizes: tuple[int, ...],
+    exact: bool = True,
+    flash_attn: bool | None = None,
 ) -> dict:
     """Median seconds of an n-row pass at position ``pos``, all-row and last-row logits.
     ``exact``: weights placed as specrun places a target's (row-exact kernels only); otherwise as
-    llama.cpp places them by default (every repacked type, the tiled K-quant matmul)."""
+    llama.cpp places them by default (every repacked type, the tiled K-quant matmul).
+    ``flash_attn``: None is the build's own default (specrun's ``--flash-attn auto``; llama.cpp's
+    auto, which is on for the CPU)."""
     if not exact:
         os.environ["GGML_CPU_TILED_MM"] = "1"
     from specrun.llama.backend import system_info
@@ -74,7 +82,12 @@ def measure(
     m = Model(
         path,
         LoadOptions(
-            n_ctx=pos + 64, n_threads=threads, n_batch=512, n_outputs_max=16, exact_rows=exact
+            n_ctx=pos + 64,
+            n_threads=threads,
+            n_batch=512,
+            n_outputs_max=16,
+            exact_rows=exact,
+            flash_attn=flash_attn if flash_attn is not None or exact else True,
         ),
     )
     try:
@@ -99,6 +112,7 @@ def measure(
             "all": {n: med[f"{n}a"] / med["1a"] for n in sizes},
             "last": {n: med[f"{n}l"] / med["1l"] for n in sizes},
             "llamafile": "LLAMAFILE = 1" in system_info(),
+            "flash_attn": str(m.context_params()["flash_attn"]),
             "weights": m.load_report.get("weight_buffers", []),
         }
     finally:
@@ -177,6 +191,12 @@ def main() -> int:
         default=[],
         help="another build of specrun's llama.cpp (patches/; its bin dir), run as specrun runs it",
     )
+    ap.add_argument(
+        "--flash-attn",
+        choices=("default", "on", "off"),
+        default="default",
+        help="default: each build as it runs by default (specrun's auto; llama.cpp's, on for the CPU)",
+    )
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -192,7 +212,13 @@ def main() -> int:
             json.dumps(
                 {
                     p: measure(
-                        Path(p), args.pos, args.reps, threads, SIZES, not args.llama_defaults
+                        Path(p),
+                        args.pos,
+                        args.reps,
+                        threads,
+                        SIZES,
+                        not args.llama_defaults,
+                        {"on": True, "off": False}.get(args.flash_attn),
                     )
                     for p in paths
                 }
@@ -227,6 +253,7 @@ def main() -> int:
             "--threads",
             str(threads),
         ]
+        cmd += ["--flash-attn", args.flash_attn]
         if not exact:  # another llama.cpp: as llama.cpp itself would run it
             cmd.append("--llama-defaults")
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -251,6 +278,14 @@ def main() -> int:
     print(
         f"V(n) = time of an n-row pass / one row; {threads} threads, position {args.pos}; {cpu}; "
         f"medians of {args.rounds} alternating rounds"
+    )
+    print(
+        "flash attention: "
+        + "; ".join(
+            f"{c} {sorted({r['flash_attn'] for r in results[c].values()})}"
+            for c in results
+            if c != "llama-bench"
+        )
     )
     cols = list(results)
     print(

@@ -108,3 +108,29 @@ def test_suffix_sim_replays_the_llama_drafters(tmp_path):
     for line in rows.values():
         speedups = [float(c.split("x")[0]) for c in line.split("|")[3:-1]]
         assert len(speedups) == 4 and all(s > 1.0 for s in speedups), line
+
+
+def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import suffix_sim
+
+    from specrun.spec.suffix import SuffixLookup
+
+    # after 7 came 8 twice and 9 once: the suffix drafter's best path starts with 8, the second
+    # branch with 9 (a third of the count), and the target goes on with 9
+    prompt = [7, 8, 1, 7, 8, 2, 7, 9, 3, 4, 7]
+    d = SuffixLookup()
+    d.prefill(prompt)
+    first = d.propose(prompt, 4, None, np.random.default_rng(0), True).tokens
+    assert first[0] == 8
+    assert suffix_sim.second_branch(d, first, 4, 0.2) == [9]
+    assert suffix_sim.second_branch(d, first, 4, 0.5) == []  # below the least share
+
+    reqs = [{"prompt": prompt, "output": [9, 3, 4, 5]}]
+    v = suffix_sim.verify_cost({}, 0.1)
+    one = suffix_sim.replay(lambda: suffix_sim.make("suffix")[0], reqs, 4, 16, v, fresh=True)
+    two = suffix_sim.replay(
+        lambda: suffix_sim.make("suffix-tree")[0], reqs, 4, 16, v, fresh=True, tree_min_share=0.2
+    )
+    assert one["trees"] == 0 and one["second_won"] == 0
+    assert two["trees"] >= 1 and two["second_won"] == 1
