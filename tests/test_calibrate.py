@@ -93,9 +93,12 @@ def test_pass_times_are_measured_once_per_file_and_setting(tmp_path, monkeypatch
     m = FakeModel(gguf)
     first = calibrate.pass_times(m)
     assert sorted(first) == list(calibrate.SIZES) and all(t > 0 for t in first.values())
-    # the context once (calibrate.AT tokens), then every size, a warm-up round and REPS rounds
+    # the context once (calibrate.AT tokens), then every size, a warm-up round and REPS rounds,
+    # then single rows one after another (one warm-up and RUN timed)
     assert m.decoded[0] == calibrate.AT
-    assert len(m.decoded) == 1 + len(calibrate.SIZES) * (calibrate.REPS + 1)
+    rounds = len(calibrate.SIZES) * (calibrate.REPS + 1)
+    assert len(m.decoded) == 1 + rounds + calibrate.RUN + 1
+    assert m.decoded[1 + rounds :] == [1] * (calibrate.RUN + 1)
     m.decoded.clear()
     assert calibrate.pass_times(m) == first and m.decoded == []  # from the cache
     calibrate.pass_times(FakeModel(gguf, threads=1))  # another setting: measured anew

@@ -430,6 +430,27 @@ def test_a_long_catch_up_is_not_the_drafts_price():
     assert policy.costs.draft_step == pytest.approx((0.005 + 3 * 0.005) / 4)
 
 
+def test_a_draft_step_is_priced_from_single_row_decodes():
+    """The catch-up's last row is the draft's first step, but a row of a batch costs less than
+    a row alone: the step is priced from the decodes after the batch (F16 target, Q4_0 draft:
+    a 4-row catch-up of 10 ms, then 5.5 ms a row; priced as the batch's average row, a step
+    read 4 ms and a draft that cannot pay looked as if it could)."""
+    model = FakeDraftModel()
+    policy = AutoPolicy(4, None, model)
+    policy.costs.observe_verify(1, 0.01)
+    policy._key, policy._asked = "draft", 4
+    model.last_catch_up = (4, 0.010)
+    # proposed 1 and stopped: the catch-up, then one single-row decode to find the 2nd unsure
+    policy.observe(StepReport("draft", 1, 1, 0.010 + 0.0055, 0.017))
+    assert policy.costs.draft_step == pytest.approx(0.0055)
+    assert policy.costs.catch_up_row == pytest.approx(0.0025)
+    # a 1-token draft from a batch alone says nothing of a single row's cost
+    before = policy.costs.draft_step
+    policy._asked = 1
+    policy.observe(StepReport("draft", 1, 1, 0.010, 0.017))
+    assert policy.costs.draft_step == before
+
+
 def test_reset_starts_cold():
     """Engine.reset (a new, unrelated text) forgets the estimates: a story's hopeless draft
     estimate must not keep auto from drafting on the code that comes next."""

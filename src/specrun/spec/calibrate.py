@@ -25,9 +25,10 @@ from typing import Any
 from specrun.paths import specrun_home, write_json_atomic
 
 SIZES = (1, 2, 3, 5, 9)
-REPS = 3
+REPS = 5
 AT = 200  # tokens of context before the timed passes (see measure)
-_VERSION = 2
+RUN = 8  # single rows timed one after another (see measure)
+_VERSION = 3
 
 
 def cache_file() -> Path:
@@ -68,7 +69,13 @@ def measure(
 
     Where verification happens, not at an empty cache: on SmolLM2-135M F16 (2-core Zen 4) V(5)
     measured 2.19 at position 0 against 2.6-3.1 at positions 100-400 in the runs it priced, and
-    auto bet on lookup matches that lost (code: 0.94x of plain decoding in model time)."""
+    auto bet on lookup matches that lost (code: 0.94x of plain decoding in model time).
+
+    One row as plain decoding pays it: ``RUN`` single rows one after another (each pass of
+    another size than the last rebuilds llama.cpp's graph; a run of single rows reuses it), not
+    the single rows of the alternating rounds. Those read 4-15% slower (SmolLM2 F16: 10.6-12.0
+    against 10.2 ms), and the calibration priced batches that much too cheap against the 9.7-10.4
+    ms single rows of the runs (calibrated V(2) 1.43, V(3) 1.63; paid 1.7-1.9 and 1.9-2.15)."""
     sizes = [n for n in sizes if n <= min(model.n_batch, model.n_outputs_max, model.n_ctx)]
     if not sizes:
         return {}
@@ -88,6 +95,15 @@ def measure(
                 model.truncate(pos)
                 if rep:
                     times[n].append(dt)
+        run = min(RUN, model.n_ctx - pos - 1)
+        if 1 in times and run >= 2:  # else (a tiny context) the alternating rounds' single rows
+            times[1] = []
+            for i in range(run + 1):  # the first follows another size: not counted
+                t0 = time.perf_counter()
+                model.decode([bos], pos + i, 0)
+                dt = time.perf_counter() - t0
+                if i:
+                    times[1].append(dt)
     finally:
         model.clear()
     return {n: statistics.median(v) for n, v in times.items()}
