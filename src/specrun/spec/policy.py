@@ -635,7 +635,7 @@ class AutoPolicy(Policy):
         self.costs.observe_catch_up(rows, secs)
         if rows <= 1:
             self.costs.observe_draft(steps, draft_s)
-        elif steps > 1:
+        elif steps > 1 and draft_s > secs:
             self.costs.observe_draft(steps - 1, draft_s - secs)
 
     def _observe_tokens(self, tokens: Sequence[int]) -> None:
