@@ -11,10 +11,11 @@ Reports, per workload and drafter: speed-up over plain decoding, tokens per pass
 (bench/llama_ngram.py). ``suffix-tree`` is the suffix drafter verifying two candidate sequences
 in one pass (a tree with two branches at the root): its best path and the best path that starts
 with another token (the matched context's second most frequent follower, or the other
-automaton's path), both priced as one pass of 1 + both lengths rows; the longer accepted branch
-counts. ``--tree-min-share`` is the least count share the second branch's first token needs. A ``bench:`` workload's requests each start afresh (specrun's store
-emptied, a new llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share
-one process, in order.
+automaton's path), both priced as one pass of 1 + both lengths rows; the branch the target
+accepts counts. ``--tree-min-share`` is the least count share the second branch's first token
+needs. A ``bench:`` workload's requests each start afresh (specrun's store emptied, a new
+llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share one process,
+in order.
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto] [--tree-min-share 0.2]
 """
