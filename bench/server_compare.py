@@ -5,8 +5,8 @@ chat turn is rendered with the GGUF's template by specrun and sent to both sides
 prompt tokens (llama-server's `/completion`, temperature 0, `n_predict` N), and the server's own
 decode speed (`timings.predicted_n / predicted_ms`) is kept; specrun's decode speed is counted the
 way llama-server counts its own: the first token comes with the prompt (its pass is not timed)
-and an EOS is a token. A run per prompt per configuration per repeat; medians; speed-ups against each side's own
-plain decoding and against llama-server's plain decoding.
+and an EOS is a token. A run per prompt per configuration per repeat; medians; speed-ups against
+each side's own plain decoding and against llama-server's plain decoding.
 
 llama-server configurations: none (target alone), md:K (`--spec-type draft-simple -md DRAFT
 --spec-draft-n-max K`, the draft's `--spec-draft-p-min` as specrun's; `-md` alone only loads the

@@ -76,6 +76,8 @@ def measure(
     auto, which is on for the CPU)."""
     if not exact:
         os.environ["GGML_CPU_TILED_MM"] = "1"
+        if flash_attn is None:  # llama.cpp's own auto: on for the CPU
+            flash_attn = True
     from specrun.llama.backend import system_info
     from specrun.llama.model import LoadOptions, Model
 
@@ -87,7 +89,7 @@ def measure(
             n_batch=512,
             n_outputs_max=16,
             exact_rows=exact,
-            flash_attn=flash_attn if flash_attn is not None or exact else True,
+            flash_attn=flash_attn,
         ),
     )
     try:

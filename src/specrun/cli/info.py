@@ -62,7 +62,7 @@ def build_info() -> dict[str, Any]:
         "row_exact_q4_k_repack": "SPECRUN_Q4_K_REPACK = 1" in sysinfo,
         "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
         "batched_bf16_kernel": "SPECRUN_BF16_COLS = " in sysinfo,
-        "row_exact_flash_attn": "SPECRUN_FA_ROW_EXACT = 1" in sysinfo,
+        "row_exact_flash_attn": runtime.flash_attn_row_exact(),
         "devices": [d.__dict__ for d in devs],
     }
 

@@ -73,7 +73,7 @@ def measure(
 
     One row as plain decoding pays it: ``RUN`` single rows one after another (each pass of
     another size than the last rebuilds llama.cpp's graph; a run of single rows reuses it), not
-    the single rows of the alternating rounds. Those read 4-15% slower (SmolLM2 F16: 10.6-12.0
+    the single rows of the alternating rounds. Those read 4-18% slower (SmolLM2 F16: 10.6-12.0
     against 10.2 ms), and the calibration priced batches that much too cheap against the 9.7-10.4
     ms single rows of the runs (calibrated V(2) 1.43, V(3) 1.63; paid 1.7-1.9 and 1.9-2.15)."""
     sizes = [n for n in sizes if n <= min(model.n_batch, model.n_outputs_max, model.n_ctx)]
