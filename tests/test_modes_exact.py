@@ -418,6 +418,9 @@ def test_sampled_lookup_has_the_target_distribution(memo_target, lookup_setup, m
         assert results[name][2] < ALPHA, f"{name} passed the test: it has no power {results[name]}"
 
 
+T1, C_DRAFT = 0.01, 0.2  # a fixed clock for auto: seconds of a target step, a draft row's share
+
+
 def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_target, smol_draft):
     """auto learns how often the draft model stops from the target's sureness, at the first
     position of every plain and lookup step while a draft model could pay (confidence_p > 0);
@@ -446,6 +449,11 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
             smol_target, smol_draft, SpecConfig(mode="auto", draft_max=4, draft_p_min=0.6)
         )
         pol = engine.policy
+        # auto's choices on a fixed clock (where the draft model pays: a pass of n rows 1 +
+        # 0.15 (n - 1) target steps, a draft row 0.2 of one), so that what it runs depends on
+        # the models' tokens only, not on this machine's speeds (on CI's CPU, measured, auto
+        # never chose the draft model and the test had no draft steps to check).
+        pol.calibrate({n: T1 * (1 + 0.15 * (n - 1)) for n in range(1, 10)}, C_DRAFT * T1)
         orig_draft, orig_obs = pol.draft, pol.observe
 
         def step() -> dict:
@@ -459,6 +467,16 @@ def test_auto_reads_the_targets_sureness_where_the_draft_model_did_not_run(smol_
             return orig(*a)
 
         def obs(report, orig=orig_obs, pol=pol):
+            rows = pol.model.last_catch_up[0]
+            pol.model.last_catch_up = (rows, rows * C_DRAFT * T1 * 0.5)  # batched: half a row
+            drafted = report.drafter == "draft" or report.declined == "draft"
+            report = replace(
+                report,
+                verify_s=T1 * (1 + 0.15 * report.k),
+                draft_s=(C_DRAFT * T1 * (report.k + 1) + pol.model.last_catch_up[1])
+                if drafted
+                else 0.0,
+            )
             s = step()
             s["name"] = report.drafter
             s["conf"] += report.target_sure is not None
