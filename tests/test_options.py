@@ -188,13 +188,17 @@ def test_info_reports_build_machine_and_pair():
     assert b["gpu_offload"] in (True, False) and b["devices"] and b["system_info"]
     assert m["physical_cores"] >= 1 and m["ram_total"] > 0
     # make install's build carries patches/: the row-exact multi-column Q8_0, Q5_0, Q4_K, Q6_K,
-    # F16 (and BF16) kernels and the row-exact repacked Q4_K gemv.
+    # F32, F16 and BF16 kernels and the row-exact repacked Q4_K gemv.
     if "AVX2 = 1" in b["system_info"] and "F16C = 1" in b["system_info"]:
         assert b["batched_q8_0_kernel"] and b["batched_k_quant_kernel"], b["system_info"]
         assert b["batched_q5_0_kernel"] and b["row_exact_q4_k_repack"], b["system_info"]
         assert b["row_exact_flash_attn"], b["system_info"]
-        assert b["batched_f16_kernel"], b["system_info"]
-    if "AVX512_BF16 = 1" in b["system_info"]:
+        assert b["batched_f16_kernel"] and b["batched_f32_kernel"], b["system_info"]
+    # BF16: with AVX512-BF16, or AVX2 without AVX-512 (AVX-512 alone sums a BF16 row another way)
+    sysinfo = b["system_info"]
+    if "AVX512_BF16 = 1" in sysinfo or (
+        "AVX2 = 1" in sysinfo and "F16C = 1" in sysinfo and "AVX512 = 1" not in sysinfo
+    ):
         assert b["batched_bf16_kernel"], b["system_info"]
     roles = [x["role"] for x in mi["models"]]
     assert roles == ["target", "draft"] and mi["compatible"] is True

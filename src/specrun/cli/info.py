@@ -60,6 +60,7 @@ def build_info() -> dict[str, Any]:
         "batched_k_quant_kernel": cols >= 3,
         "batched_q5_0_kernel": cols >= 4,
         "row_exact_q4_k_repack": "SPECRUN_Q4_K_REPACK = 1" in sysinfo,
+        "batched_f32_kernel": "SPECRUN_F32_COLS = " in sysinfo,
         "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
         "batched_bf16_kernel": "SPECRUN_BF16_COLS = " in sysinfo,
         "row_exact_flash_attn": runtime.flash_attn_row_exact(),
@@ -200,7 +201,9 @@ def render_text(
                     for f, k in (
                         ("Q8_0", "batched_q8_0_kernel"),
                         ("Q4_K, Q6_K", "batched_k_quant_kernel"),
+                        ("F32", "batched_f32_kernel"),
                         ("F16", "batched_f16_kernel"),
+                        ("BF16", "batched_bf16_kernel"),
                     )
                     if b.get(k)
                 )
