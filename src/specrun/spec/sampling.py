@@ -116,7 +116,9 @@ def top_prob_below(logits: np.ndarray, p_min: float) -> bool:
         return True
     # np.compress, not logits[mask]: the same elements, in 35 us instead of 80-90 (49k floats).
     near = np.compress(logits > m - _TAIL_CUT, logits)
-    others = float(np.exp((near - m).astype(np.float64)).sum()) - 1.0
+    # exp in float32, summed in float64: 18 us against 46 for exp in float64 (7.7k logits within
+    # 16 nats of an F16 SmolLM2's top), the sum 8e-9 apart.
+    others = float(np.exp(near - m).sum(dtype=np.float64)) - 1.0
     return others > budget
 
 
