@@ -6,7 +6,10 @@ position (``--pos`` tokens already cached), with logits on every row (what verif
 and, for comparison, on the last row only. Sizes alternate within one process and each figure is
 a median of ``--reps`` passes, each rolled back with the KV cache's tail removal, as a rejected
 draft is; builds alternate over ``--rounds`` child processes each, and the table shows the
-medians over them (single processes of one build differ by 5-25% here).
+medians over them (single processes of one build differ by 5-25% here). Each child gets an
+environment variable of random length (``--seed``): a process's heap layout, and with it the
+alignment of llama.cpp's work buffer, follows from its environment, and an unlucky one held
+for every round of a build moved its F16 batches by 10%.
 
 Builds: ``--lib DIR`` (repeatable) runs the same measurement, in a child process, over another
 llama.cpp build's shared libraries (a ``build/bin`` of llama.cpp built with -DBUILD_SHARED_LIBS=ON,
@@ -27,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -199,6 +203,7 @@ def main() -> int:
         default="default",
         help="default: each build as it runs by default (specrun's auto; llama.cpp's, on for the CPU)",
     )
+    ap.add_argument("--seed", type=int, default=0, help="of the children's environment pads")
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -237,11 +242,24 @@ def main() -> int:
         + [(str(lib), overlay(Path(lib)), False) for lib in args.lib]
     )
     rounds: dict[str, list[dict]] = {label: [] for label, _, _ in builds}
+    pads = random.Random(args.seed)
     for _round, (label, lib, exact) in itertools.product(range(args.rounds), builds):
         env = dict(os.environ)
+        # A process's heap layout is fixed by its environment, and with it where llama.cpp's
+        # work buffer lands relative to a cache line: F16 5-row passes of one build took 31-32 ms
+        # in some environments and 28-29 ms in others, round after round. A pad of random length
+        # gives each child another layout, so that the medians over rounds are over layouts too
+        # (and no build keeps a lucky or unlucky one).
+        env["SPECRUN_BENCH_PAD"] = "x" * pads.randrange(0, 4096)
         if lib is not None:
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(lib), str(ROOT / "src"), env.get("PYTHONPATH", "")]
+            )
+            # The overlay's libraries, not those of the directory a build's RUNPATH names
+            # (a copied build would otherwise load its original's).
+            real = Path(lib) / "llama_cpp" / "lib"
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [str(real), env.get("LD_LIBRARY_PATH", "")]
             )
         cmd = [
             sys.executable,
