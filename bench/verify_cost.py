@@ -257,8 +257,8 @@ def main() -> int:
             )
             # The overlay's libraries, not those of the directory a build's RUNPATH names
             # (a copied build would otherwise load its original's).
-            real = Path(lib) / "llama_cpp" / "lib"
-            env["LD_LIBRARY_PATH"] = os.pathsep.join([str(real), env.get("LD_LIBRARY_PATH", "")])
+            libs = Path(lib) / "llama_cpp" / "lib"
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([str(libs), env.get("LD_LIBRARY_PATH", "")])
         cmd = [
             sys.executable,
             __file__,

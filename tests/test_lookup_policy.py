@@ -740,3 +740,15 @@ def test_engine_clear_store_forgets_autos_lookup_estimates():
     assert "lookup:2" in eng.policy.acc
     eng.clear_store()
     assert "lookup:2" not in eng.policy.acc
+
+
+def test_perfect_best_is_best_k_of_a_perfect_draft():
+    """The perfect-draft gate's closed form gives best_k's own speed-up for a draft accepted whole
+    that never stops, float for float, over drafts cheap and dear and lines and curves of V(n)."""
+    rng = np.random.default_rng(3)
+    for _ in range(2000):
+        k = int(rng.integers(1, 9))
+        c = float(rng.uniform(0.0, 1.5))
+        table = {1: 1.0, **{n: 1.0 + float(rng.uniform(0.0, 1.2)) * (n - 1) for n in range(2, 10)}}
+        v = table.__getitem__
+        assert costmodel.perfect_best(c, v, k) == costmodel.best_k([1.0] * k, c, v, k)[1]

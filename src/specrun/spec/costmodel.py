@@ -113,6 +113,19 @@ def best_k(
     return best
 
 
+def perfect_best(c: float, verify_cost: VerifyCost, k_max: int) -> float:
+    """``best_k([1.0] * k_max, c, verify_cost, k_max)[1]`` in closed form, the same floats: a draft
+    that never stops and is always accepted yields K + 1 tokens for c (K + 1) + V(K + 1) (its last
+    proposal decoded at the next catch-up). Auto asks it every step (its perfect-draft gate), where
+    the general loop cost three times as much (3.7 against 1.2 us, K = 4)."""
+    best = 1.0 / verify_cost(1)
+    for k in range(1, k_max + 1):
+        s = (k + 1) / (c * (k + 1) + verify_cost(k + 1))
+        if s > best + 1e-9:
+            best = s
+    return best
+
+
 def linear_verify_cost(slope: float) -> Callable[[int], float]:
     """V(n) = 1 + slope * (n - 1): a batch of n rows costs a bit more than one row."""
     return lambda n: 1.0 + slope * (n - 1)

@@ -574,13 +574,7 @@ class AutoPolicy(Policy):
         priced, and the target's sureness goes unread (``confidence_p``)."""
         if self.model is None or k <= 0:
             return False
-        # costmodel.best_k([1.0] * k, c, v, k)[1] > margin, in its closed form (every attempt of
-        # K proposes K, all accepted, one draft step more for the last: K + 1 tokens for
-        # c (K + 1) + V(K + 1)), the same floats at a fifth of the time; asked every step.
-        c, margin = self._draft_c(), self.priors.margin
-        return 1.0 / v(1) > margin or any(
-            (j + 1) / (c * (j + 1) + v(j + 1)) > margin for j in range(1, k + 1)
-        )
+        return costmodel.perfect_best(self._draft_c(), v, k) > self.priors.margin
 
     def _lookup_prior(self, key: str) -> float:
         """The prior of a match length's acceptance: its base prior, pooled with what the other
