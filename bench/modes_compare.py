@@ -18,8 +18,9 @@ reply the configuration itself gave: greedy, so every exact mode gives the same)
 one process: the lookup store of earlier outputs starts empty at the sequence's start and grows
 through it, as over chat turns or repeated requests. Figures are over the whole sequence (its
 tokens over its summed model time). Single prompts run with an empty store (every repeat is a
-first request). Mode ``ngram`` is the n-gram prompt lookup before the suffix drafter
-(``SpecConfig(lookup_kind="ngram")``), ``auto-ngram`` auto over it.
+first request). Mode ``ngram`` is the n-gram prompt lookup before the suffix drafter, as it was
+(``SpecConfig(lookup_kind="ngram", lookup_min=1)``: the baseline #20 measures the suffix drafter
+against), ``auto-ngram`` auto over it.
 """
 
 from __future__ import annotations
@@ -171,7 +172,13 @@ def make_engine(target: Model, draft: Model, mode: str, k: int | None, p_min: fl
     eng = Engine(
         target,
         None if m in ("none", "lookup") else draft,
-        SpecConfig(mode=m, draft_max=k or 4, draft_p_min=p_min, lookup_kind=kind),
+        SpecConfig(
+            mode=m,
+            draft_max=k or 4,
+            draft_p_min=p_min,
+            lookup_kind=kind,
+            lookup_min=1 if mode == "ngram" else None,
+        ),
     )
     if tweaks:
         changes = {

@@ -162,3 +162,34 @@ def test_two_engines_over_one_model_read_its_cache_not_a_stale_copy() -> None:
     assert (
         again.stats.prefill_tokens == len(PROMPT) - 1
     )  # only the BOS both prompts start with was kept
+
+
+@pytest.mark.parametrize("kind", ["suffix", "ngram"])
+def test_the_shortest_lookup_match_is_the_modes_and_follows_a_change_of_mode(kind: str) -> None:
+    """--lookup-min unset: 2 for lookup and hybrid (a one-token match is a weak guess where a
+    2-row pass costs 1.3-1.6 steps), 1 under auto (it prices each match length); given, it holds
+    for every mode. The engine's one lookup drafter follows a server request's change of mode."""
+    assert SpecConfig(mode="lookup").min_match("lookup") == 2
+    assert SpecConfig().min_match("hybrid") == 2
+    assert SpecConfig().min_match("auto") == 1
+    assert SpecConfig(lookup_max=1).min_match("lookup") == 1  # never above --lookup-max
+    assert SpecConfig(lookup_min=3).min_match("auto") == 3
+    with pytest.raises(Exception, match="--lookup-min"):
+        SpecConfig(lookup_min=5, lookup_max=4).validate()
+    target = FakeModel(cycle_rule(TEXT))
+    eng = Engine(target, None, SpecConfig(mode="lookup", draft_max=4, lookup_kind=kind))
+    drafter = eng.lookup
+    assert drafter is not None and drafter.n_min == 2  # type: ignore[attr-defined]
+    eng.configure(mode="auto")
+    assert eng.lookup is drafter and drafter.n_min == 1  # type: ignore[attr-defined]
+    # Under auto a one-token match proposes: "x" once before, followed by "y".
+    x, y = text_tokens("xy")
+    history = [1, *text_tokens("ab"), x, y, *text_tokens("cd"), x]
+    rng = None
+    prop = drafter.propose(history, 4, GREEDY, rng, True)  # type: ignore[arg-type]
+    assert prop.tokens[:1] == [y]
+    eng.configure(mode="lookup")
+    assert drafter.n_min == 2  # type: ignore[attr-defined]
+    assert not len(drafter.propose(history, 4, GREEDY, rng, True))  # type: ignore[arg-type]
+    # And the same result as plain decoding in every mode.
+    assert run(eng).tokens == alone().tokens

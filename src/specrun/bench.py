@@ -229,7 +229,7 @@ def build_engines(
     draft_min: int = defaults.DRAFT_MIN,
     draft_p_min: float = defaults.DRAFT_P_MIN,
     verify: str = defaults.VERIFY,
-    lookup_min: int = defaults.LOOKUP_MIN,
+    lookup_min: int | None = None,
     lookup_max: int = defaults.LOOKUP_MAX,
 ) -> tuple[list[tuple[Config, Engine]], list[Skipped]]:
     """One Engine per configuration over the same loaded models. A mode the engine refuses for

@@ -18,7 +18,18 @@ DRAFT_MIN = 0
 # draft steps at greedy on the default pair (llama.cpp's --spec-draft-p-min).
 DRAFT_P_MIN = 0.6
 VERIFY = "rejection"  # temp > 0: rejection sampling (exact); "match" = sample-and-match
-LOOKUP_MIN = 1  # shortest n-gram a prompt lookup matches
+# The shortest match a lookup drafter proposes from (--lookup-min): 2 for --mode lookup and
+# hybrid, 1 under auto, which prices each match length from its own acceptance. A one-token match
+# is a weak guess (its follower right ~30% of the time on open text) and a 2-row pass costs 1.3-1.6
+# target steps on a CPU in every format but F32 (README: V(n)). Replayed over recorded greedy runs
+# of the default pair, 15 workloads (bench/suffix_sim.py, this CPU's measured V(n)), geo-means of
+# the speed-up over plain decoding, minimum 1 -> 2: --mode lookup (the suffix drafter) F16 1.095
+# -> 1.119, Q4_K_M 1.085 -> 1.111, F32 1.298 either way; the n-gram drafter F16 0.85 -> 1.05,
+# Q4_K_M 0.90 -> 1.09, F32 1.15 -> 1.26. Where a pass of n rows costs 1 + 0.1 (n - 1) (a GPU's
+# cheap batches) 2 loses: the suffix drafter 1.476 -> 1.433, auto 1.454 -> 1.418 (auto on this
+# CPU's prices: within 0.5% either way).
+LOOKUP_MIN = 2
+LOOKUP_MIN_AUTO = 1
 LOOKUP_MAX = 4  # longest n-gram a prompt lookup matches (tried first)
 # The lookup drafter: "suffix" (spec/suffix.py: the longest match in this text and earlier
 # outputs, ranked continuations) or "ngram" (spec/lookup.py: llama.cpp-style prompt lookup).

@@ -35,7 +35,7 @@ class ModelOptions:
     draft_min: int = defaults.DRAFT_MIN
     draft_p_min: float = defaults.DRAFT_P_MIN
     verify: str = defaults.VERIFY
-    lookup_min: int = defaults.LOOKUP_MIN
+    lookup_min: int | None = None  # None: the mode's default (SpecConfig.min_match)
     lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None
     lookup_kind: str = defaults.LOOKUP_KIND

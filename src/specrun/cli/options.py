@@ -191,14 +191,14 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
     ),
     (
         "lookup_min",
-        int,
+        int | None,
         _opt(
             "--lookup-min",
-            help="Shortest n-gram prompt lookup matches.",
+            help=f"Shortest match a lookup drafter proposes from (default: {D.LOOKUP_MIN}; auto, which prices each match length: {D.LOOKUP_MIN_AUTO}).",
             panel=P_SPEC,
             envvar="SPECRUN_LOOKUP_MIN",
         ),
-        D.LOOKUP_MIN,
+        None,
     ),
     (
         "lookup_max",

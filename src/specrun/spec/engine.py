@@ -40,12 +40,21 @@ class SpecConfig:
     verify: str = (
         defaults.VERIFY
     )  # temp > 0: Leviathan/Chen rejection sampling, or sample-and-match
-    lookup_min: int = defaults.LOOKUP_MIN
+    lookup_min: int | None = None  # None: the mode's (defaults.LOOKUP_MIN, LOOKUP_MIN_AUTO)
     lookup_max: int = defaults.LOOKUP_MAX
     lookup_cache: str | None = None  # a file of earlier outputs kept across runs
     lookup_kind: str = defaults.LOOKUP_KIND  # suffix | ngram (defaults.py says which is which)
     lookup_draft_max: int = defaults.LOOKUP_DRAFT_MAX  # the suffix drafter's longest proposal
     lookup_store_tokens: int = 65536  # earlier outputs kept in memory (oldest evicted)
+
+    def min_match(self, mode: str) -> int:
+        """--lookup-min for ``mode``: as given, else the mode's default (no longer than
+        --lookup-max)."""
+        if self.lookup_min is not None:
+            return self.lookup_min
+        return min(
+            defaults.LOOKUP_MIN_AUTO if mode == "auto" else defaults.LOOKUP_MIN, self.lookup_max
+        )
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -56,7 +65,7 @@ class SpecConfig:
             raise UsageError(f"--draft-min must be in [0, --draft-max], got {self.draft_min}")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
-        if not 1 <= self.lookup_min <= self.lookup_max:
+        if not 1 <= self.min_match(self.mode) <= self.lookup_max:
             raise UsageError(
                 f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
             )
@@ -157,6 +166,8 @@ class Engine:
                 policy.calibrate(*seed._measured)
             self._policies[key] = policy
         self.mode, self.policy = mode, policy
+        if self.lookup is not None:  # the engine's one lookup drafter, made for another mode
+            self.lookup.n_min = cfg.min_match(mode)  # type: ignore[attr-defined]
         if self.draft_model is not None:
             self.draft_model.p_min = cfg.draft_p_min
         self.k_cap = self._k_cap()
@@ -191,14 +202,14 @@ class Engine:
             path = Path(cfg.lookup_cache).expanduser() if cfg.lookup_cache else None
             if cfg.lookup_kind == "ngram":
                 lookup = PromptLookup(
-                    cfg.lookup_min, cfg.lookup_max, NgramCache(path) if path else None
+                    cfg.min_match(mode), cfg.lookup_max, NgramCache(path) if path else None
                 )
             else:
                 # The store lives as long as the engine (one target, so one vocabulary): the
                 # requests of one process share it; the file keys it by vocabulary.
                 file = LookupFile(path, vocab_key(self.target)) if path else None
                 lookup = SuffixLookup(
-                    cfg.lookup_min,
+                    cfg.min_match(mode),
                     cfg.lookup_max,
                     max(cfg.draft_max, cfg.lookup_draft_max),
                     SuffixStore(cfg.lookup_store_tokens),

@@ -37,10 +37,11 @@ class NgramIndex:
         self._last = {}
 
     def extend(self, new: list[int]) -> None:
-        """Append accepted tokens; index each n-gram that now has a follower."""
+        """Append accepted tokens; index each n-gram that now has a follower (from one token
+        up, whatever ``n_min``: the engine sets it per mode, and a server's requests change mode)."""
         toks = self.tokens
         last = self._last
-        lo, hi = self.n_min, self.n_max
+        lo, hi = 1, self.n_max
         for tok in new:
             i = len(toks)  # the new token's position: it follows the n-grams ending at i - 1
             for n in range(lo, min(hi, i) + 1):
@@ -158,6 +159,17 @@ class PromptLookup:
         self.index = NgramIndex(n_min, n_max)
         self.cache = cache
         self.last_match = 0  # match length of the last proposal (the controller keys on it)
+
+    @property
+    def n_min(self) -> int:
+        """The shortest n-gram matched (--lookup-min)."""
+        return self.index.n_min
+
+    @n_min.setter
+    def n_min(self, n: int) -> None:
+        if not 1 <= n <= self.index.n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n}, {self.index.n_max}")
+        self.index.n_min = n
 
     def reset(self) -> None:
         self.index.reset()
