@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specrun import defaults
 from specrun.spec.lookup import PromptLookup
 from specrun.spec.policy import AutoPolicy, FixedPolicy, StepReport
 from specrun.spec.sampling import SamplingParams
@@ -75,7 +76,7 @@ def second_branch(d: SuffixLookup, first: list[int], k: int, min_share: float) -
             share = sam.cnt[st] / total if total else 0.0
             if tok == first[0] or share < min_share or share <= best[0]:
                 continue
-            rest, _probs, _sup = sam.walk(st, k - 1, d.MIN_PROB / share)
+            rest, _probs, _sup = sam.walk(st, k - 1, d.min_prob / share)
             cap = min(k, d._cap(length, sam.cnt[st]))
             best = (share, ([tok] + rest)[:cap])
     return best[1]
@@ -157,13 +158,15 @@ def replay(
 def make(kind: str, draft_max: int = 4):
     if kind == "ngram":
         return FixedPolicy(PromptLookup(1, 4)), draft_max
-    if kind in ("suffix", "suffix-tree"):
+    if kind in ("suffix", "suffix-tree"):  # as --mode lookup runs it (2-token matches and up)
         d = SuffixLookup()
+        d.fit(defaults.LOOKUP_MIN, auto=False)
         return FixedPolicy(d), max(draft_max, d.k_max)
     if kind == "auto-ngram":
         return AutoPolicy(draft_max, PromptLookup(1, 4), None), draft_max
     if kind == "auto":
         d = SuffixLookup()
+        d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
         return AutoPolicy(draft_max, d, None), max(draft_max, d.k_max)
     if kind == "llama-ngram-cache":
         return FixedPolicy(LlamaNgramCache()), LlamaNgramCache.N_DRAFT

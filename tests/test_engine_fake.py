@@ -180,8 +180,12 @@ def test_the_shortest_lookup_match_is_the_modes_and_follows_a_change_of_mode(kin
     eng = Engine(target, None, SpecConfig(mode="lookup", draft_max=4, lookup_kind=kind))
     drafter = eng.lookup
     assert drafter is not None and drafter.n_min == 2  # type: ignore[attr-defined]
+    if kind == "suffix":  # and the walk's floor: auto chooses its own K, so it walks further
+        assert drafter.min_prob == drafter.MIN_PROB > drafter.MIN_PROB_AUTO  # type: ignore[attr-defined]
     eng.configure(mode="auto")
     assert eng.lookup is drafter and drafter.n_min == 1  # type: ignore[attr-defined]
+    if kind == "suffix":
+        assert drafter.min_prob == drafter.MIN_PROB_AUTO  # type: ignore[attr-defined]
     # Under auto a one-token match proposes: "x" once before, followed by "y".
     x, y = text_tokens("xy")
     history = [1, *text_tokens("ab"), x, y, *text_tokens("cd"), x]

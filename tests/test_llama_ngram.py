@@ -116,9 +116,10 @@ def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypa
 
     from specrun.spec.suffix import SuffixLookup
 
-    # after 7 came 8 twice and 9 once: the suffix drafter's best path starts with 8, the second
-    # branch with 9 (a third of the count), and the target goes on with 9
-    prompt = [7, 8, 1, 7, 8, 2, 7, 9, 3, 4, 7]
+    # after 6 7 came 8 twice and 9 once: the suffix drafter's best path starts with 8, the
+    # second branch with 9 (a third of the count), and the target goes on with 9 (a 2-token
+    # match: --mode lookup's shortest)
+    prompt = [6, 7, 8, 1, 6, 7, 8, 2, 6, 7, 9, 3, 4, 6, 7]
     d = SuffixLookup()
     d.prefill(prompt)
     first = d.propose(prompt, 4, None, np.random.default_rng(0), True).tokens

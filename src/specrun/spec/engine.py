@@ -166,8 +166,7 @@ class Engine:
                 policy.calibrate(*seed._measured)
             self._policies[key] = policy
         self.mode, self.policy = mode, policy
-        if self.lookup is not None:  # the engine's one lookup drafter, made for another mode
-            self.lookup.n_min = cfg.min_match(mode)  # type: ignore[attr-defined]
+        self._fit_lookup(mode)
         if self.draft_model is not None:
             self.draft_model.p_min = cfg.draft_p_min
         self.k_cap = self._k_cap()
@@ -201,21 +200,20 @@ class Engine:
         elif mode in ("lookup", "hybrid", "auto"):
             path = Path(cfg.lookup_cache).expanduser() if cfg.lookup_cache else None
             if cfg.lookup_kind == "ngram":
-                lookup = PromptLookup(
-                    cfg.min_match(mode), cfg.lookup_max, NgramCache(path) if path else None
-                )
+                lookup = PromptLookup(1, cfg.lookup_max, NgramCache(path) if path else None)
             else:
                 # The store lives as long as the engine (one target, so one vocabulary): the
                 # requests of one process share it; the file keys it by vocabulary.
                 file = LookupFile(path, vocab_key(self.target)) if path else None
                 lookup = SuffixLookup(
-                    cfg.min_match(mode),
+                    1,
                     cfg.lookup_max,
                     max(cfg.draft_max, cfg.lookup_draft_max),
                     SuffixStore(cfg.lookup_store_tokens),
                     file,
                 )
         self.lookup = lookup or self.lookup
+        self._fit_lookup(mode)
         if mode == "draft":
             assert self.draft_model is not None
             return FixedPolicy(self.draft_model)
@@ -228,6 +226,13 @@ class Engine:
         if mode == "auto":
             return AutoPolicy(cfg.draft_max, lookup, self.draft_model, lookup_n_max=cfg.lookup_max)
         return NoDraft()
+
+    def _fit_lookup(self, mode: str) -> None:
+        """The engine's one lookup drafter, made for another mode maybe (a server's requests
+        change it): its shortest match and walk for this one."""
+        fit = getattr(self.lookup, "fit", None)
+        if fit is not None:
+            fit(self.config.min_match(mode), mode == "auto")
 
     def clear_store(self) -> None:
         """Forget the lookup store of earlier outputs (kept across ``reset``, in memory; the

@@ -165,11 +165,11 @@ class PromptLookup:
         """The shortest n-gram matched (--lookup-min)."""
         return self.index.n_min
 
-    @n_min.setter
-    def n_min(self, n: int) -> None:
-        if not 1 <= n <= self.index.n_max:
-            raise ValueError(f"need 1 <= n_min <= n_max, got {n}, {self.index.n_max}")
-        self.index.n_min = n
+    def fit(self, n_min: int, auto: bool) -> None:
+        """The shortest n-gram matched for a mode (as SuffixLookup.fit; nothing else varies)."""
+        if not 1 <= n_min <= self.index.n_max:
+            raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {self.index.n_max}")
+        self.index.n_min = n_min
 
     def reset(self) -> None:
         self.index.reset()

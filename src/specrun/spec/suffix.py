@@ -281,15 +281,19 @@ class SuffixLookup:
     name = "lookup"
     K_MAX = 16  # longest proposal (the engine's cap for lookup: max(--draft-max, this))
     # Stop a walk where its path probability (the product of each step's count share) falls
-    # below this. With the cap below, replayed over recorded greedy runs of the default pair
-    # (bench/suffix_sim.py, 16 workloads), geo-means of auto's speed-up, 0.3 -> 0.5, at a 2-core
-    # Zen 3's measured V(n): F16 1.122 -> 1.129, Q4_K_M 1.137 -> 1.138, F32 1.290 -> 1.297; at
-    # V(n) = 1 + 0.1 (n - 1) 1.464 -> 1.475 (QA over a passage 1.76 -> 1.94 at F16's). 0.6 gained
-    # as much elsewhere but cut auto's code edit (a prompt's code, changed) F32 1.66 -> 1.46: its
-    # indentation and repeated lines are right where their count share is under 0.6. --mode
-    # lookup (2-token matches) F16 1.120 -> 1.122. (Earlier, on that line only: 0.1, 0.3 and 0.5
+    # below this (``min_prob``; the engine sets it by mode, ``fit``). Replayed over recorded
+    # greedy runs of the default pair (bench/suffix_sim.py, 16 workloads), geo-means of the
+    # speed-up, at a 2-core Zen 3's measured V(n) (F16 / Q4_K_M / F32) and on the line
+    # V(n) = 1 + 0.1 (n - 1): auto, 0.3 -> 0.5: 1.122 -> 1.129 / 1.137 -> 1.138 / 1.290 -> 1.297
+    # / 1.464 -> 1.475 (QA over a passage 1.76 -> 1.94 at F16's); 0.6 gained as much elsewhere but
+    # cut auto's code edit (a prompt's code, changed) F32 1.66 -> 1.46: its indentation and
+    # repeated lines are right where their count share is under 0.6, and auto chooses its own K.
+    # --mode lookup, which verifies what it is given, 0.5 -> 0.6: 1.122 -> 1.132 / 1.116 ->
+    # 1.125 / 1.316 -> 1.318 / 1.462 -> 1.458; measured on the Q4_K_M pair (5 repeats in one
+    # process): 0.980x -> 1.014x of plain decoding. (Earlier, on the line only: 0.1, 0.3 and 0.5
     # within 0.5% of each other.)
-    MIN_PROB = 0.5
+    MIN_PROB = 0.6
+    MIN_PROB_AUTO = 0.5
 
     def __init__(
         self,
@@ -302,6 +306,7 @@ class SuffixLookup:
         if n_min < 1 or bucket_max < 1:
             raise ValueError(f"need n_min >= 1 and bucket_max >= 1, got {n_min}, {bucket_max}")
         self.n_min, self.bucket_max, self.k_max = n_min, bucket_max, k_max
+        self.min_prob = self.MIN_PROB
         self.store = store if store is not None else SuffixStore()
         self.file = file
         if file is not None:
@@ -357,6 +362,14 @@ class SuffixLookup:
         self.n_prompt = len(tokens)
         return 0
 
+    def fit(self, n_min: int, auto: bool) -> None:
+        """The shortest match (--lookup-min) and the walk's floor for a mode: auto, which prices
+        what it proposes, walks further (MIN_PROB_AUTO)."""
+        if n_min < 1:
+            raise ValueError(f"need n_min >= 1, got {n_min}")
+        self.n_min = n_min
+        self.min_prob = self.MIN_PROB_AUTO if auto else self.MIN_PROB
+
     def _cap(self, match: int, support: int) -> int:
         """How far a match of this length and support may be followed: as many tokens as it
         matched; twice that (and two) when its continuation was seen 4+ times. Replayed over
@@ -374,7 +387,7 @@ class SuffixLookup:
         ):
             if length < self.n_min or state == 0:
                 continue
-            toks, probs, support = sam.walk(state, k, self.MIN_PROB)
+            toks, probs, support = sam.walk(state, k, self.min_prob)
             cap = min(k, self._cap(length, support))
             toks, probs = toks[:cap], probs[:cap]
             if toks:
