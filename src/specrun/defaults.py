@@ -24,9 +24,9 @@ VERIFY = "rejection"  # temp > 0: rejection sampling (exact); "match" = sample-a
 # target steps on a CPU in every format but F32 (README: V(n)). Replayed over recorded greedy runs
 # of the default pair, 16 workloads (bench/suffix_sim.py, a 2-core Zen 3's measured V(n)), geo-
 # means of the speed-up over plain decoding, minimum 1 -> 2: --mode lookup (the suffix drafter)
-# F16 1.077 -> 1.122, Q4_K_M 1.069 -> 1.116, F32 1.300 -> 1.316; the n-gram drafter F16 0.85 ->
+# F16 1.105 -> 1.132, Q4_K_M 1.095 -> 1.125, F32 1.315 -> 1.318; the n-gram drafter F16 0.85 ->
 # 1.05, Q4_K_M 0.90 -> 1.09, F32 1.15 -> 1.26. Where a pass of n rows costs 1 + 0.1 (n - 1) (a
-# GPU's cheap batches) 2 loses: the suffix drafter 1.501 -> 1.462, auto 1.475 -> 1.444 (auto at
+# GPU's cheap batches) 2 loses: the suffix drafter 1.497 -> 1.458, auto 1.475 -> 1.444 (auto at
 # this CPU's prices: within 0.4% either way).
 LOOKUP_MIN = 2
 LOOKUP_MIN_AUTO = 1

@@ -67,7 +67,7 @@ class SpecConfig:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
         if not 1 <= self.min_match(self.mode) <= self.lookup_max:
             raise UsageError(
-                f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.lookup_min}, {self.lookup_max}"
+                f"--lookup-min/--lookup-max must satisfy 1 <= min <= max, got {self.min_match(self.mode)}, {self.lookup_max}"
             )
         if self.lookup_kind not in LOOKUP_KINDS:
             raise UsageError(
