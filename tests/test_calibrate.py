@@ -132,3 +132,35 @@ def test_real_pass_times_grow_with_rows_and_leave_the_cache_empty(smol_target):
     toks = smol_target.tokenize("Hello there", add_special=True)
     smol_target.decode(toks, 0, logits_from=len(toks) - 1)
     smol_target.clear()
+
+
+def test_a_runs_passes_refine_the_cached_measurement(tmp_path, monkeypatch):
+    """What runs pay moves the cached V(n) (a calibration measured under load, or in an unlucky
+    process, is not kept for every later run): sizes seen often enough move halfway, sizes not
+    seen keep their V(n) against the moved single row, too few passes change nothing."""
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    m = FakeModel(gguf)
+    key = calibrate._key(m, calibrate.SIZES)
+    cached = {"1": 0.010, "2": 0.020, "3": 0.024, "5": 0.030, "9": 0.040}
+    calibrate.cache_file().write_text(json.dumps({key: cached}))
+    calibrate.refine(m, calibrate.SIZES, {1: (0.012, 2), 3: (0.018, 20)})  # one row seen twice
+    assert json.loads(calibrate.cache_file().read_text())[key] == cached
+    calibrate.refine(m, calibrate.SIZES, {1: (0.012, 40), 3: (0.018, 20), 5: (0.03, 1)})
+    got = {int(n): t for n, t in json.loads(calibrate.cache_file().read_text())[key].items()}
+    assert got[1] == pytest.approx(0.011)  # halfway to 12 ms
+    assert got[3] / got[1] == pytest.approx((2.4 + 1.5) / 2)  # V(3) halfway from 2.4 to 1.5
+    assert got[5] / got[1] == pytest.approx(3.0) and got[9] / got[1] == pytest.approx(4.0)
+    assert calibrate.pass_times(m) == got and m.decoded == []  # the next run starts from it
+
+
+def test_auto_hands_its_pass_costs_to_the_calibration_at_a_texts_end():
+    t1 = 0.010
+    seen = []
+    policy = AutoPolicy(8, FakeLookup(), None)
+    policy.calibrate({n: t1 * (1 + 0.5 * (n - 1)) for n in calibrate.SIZES}, None, seen.append)
+    first_choices(policy, 30, 0.0, t1, 0.2)
+    policy.finish([0] * 40)
+    (costs,) = seen
+    assert costs[1][1] >= 20 and costs[1][0] == pytest.approx(t1, rel=0.05)

@@ -378,7 +378,8 @@ def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None)
     step = None
     if engine.draft_model is not None:
         step = calibrate.pass_times(engine.draft_model.model, (1,)).get(1)
-    engine.policy.calibrate(verify, step)
+    target = engine.target
+    engine.policy.calibrate(verify, step, refine=lambda seen: calibrate.refine(target, sizes, seen))
 
 
 def describe(r: ResolvedModel | None) -> dict[str, str] | None:

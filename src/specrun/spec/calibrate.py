@@ -8,7 +8,8 @@ bets were losses before the measurements caught up. So a model is timed once at 
 1, 2, 3, 5 and 9 rows with logits on every row (as verification reads them) after 200 tokens of
 context (where verification happens), alternating, medians of a few. The result is cached per
 model file, build (the llama.cpp libraries' files), CPU, threads and GPU layers in
-``$SPECRUN_HOME/calibration.json``, so later runs pay nothing.
+``$SPECRUN_HOME/calibration.json``, so later runs pay nothing; what those runs' passes cost
+refines it (``refine``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,54 @@ def pass_times(model: Any, sizes: Sequence[int] = SIZES, refresh: bool = False) 
             data = dict(list(data.items())[-256:])
         _save_cache(data)
     return times
+
+
+# A run's own passes refine the cached measurement (``refine``): a size seen this many times in
+# the run moves the cached V(n) toward the run's, by at most REFINE_MAX. One calibration is one
+# process's few dozen passes, and it stays for every later run: on a 2-core Zen 3 an F16
+# SmolLM2's cached V(3) / V(9) read 1.96 / 3.83 where six fresh processes measured 1.46-1.70 /
+# 3.14-3.64 and a run paid ~1.55 for its 3-row passes, so auto priced every run's first bets a
+# quarter too dear until its online estimate caught up.
+REFINE_SEEN = 4
+REFINE_MAX = 0.5
+
+
+def refine(model: Any, sizes: Sequence[int], observed: dict[int, tuple[float, int]]) -> None:
+    """Move the cached V(n) of ``model`` (its ``pass_times(model, sizes)`` entry) toward what a
+    run paid: ``observed`` = rows -> (seconds of a pass, passes seen), one row among them. A size
+    seen REFINE_SEEN+ times moves by its share of 2 x REFINE_SEEN observations, at most
+    REFINE_MAX; one row's seconds move the same way. Nothing is written where nothing is cached,
+    the run saw too little, or no V(n) moved by more than 2%."""
+    key = _key(model, sizes)
+    data = _load_cache()
+    got = data.get(key)
+    one = observed.get(1)
+    if not isinstance(got, dict) or one is None or one[1] < REFINE_SEEN or one[0] <= 0:
+        return
+    try:
+        cached = {int(n): float(t) for n, t in got.items()}
+    except (TypeError, ValueError):
+        return
+    c1 = cached.get(1)
+    if not c1:
+        return
+    w1 = min(REFINE_MAX, one[1] / (2 * REFINE_SEEN))
+    t1 = c1 + w1 * (one[0] - c1)
+    out = {1: t1}
+    moved = False
+    for n, t in cached.items():
+        if n == 1:
+            continue
+        v = t / c1
+        secs, seen = observed.get(n, (0.0, 0))
+        if seen >= REFINE_SEEN and secs > 0:
+            new = v + min(REFINE_MAX, seen / (2 * REFINE_SEEN)) * (secs / one[0] - v)
+            moved = moved or abs(new - v) > 0.02 * v  # else not worth a write (a server's request)
+            v = new
+        out[n] = v * t1
+    if moved:
+        data[key] = {str(n): t for n, t in sorted(out.items())}
+        _save_cache(data)
 
 
 def relative(times: dict[int, float]) -> dict[int, float]:

@@ -163,7 +163,7 @@ class Engine:
             policy = self._make_policy(mode)
             seed = next((p for p in self._policies.values() if isinstance(p, AutoPolicy)), None)
             if isinstance(policy, AutoPolicy) and seed is not None:
-                policy.calibrate(*seed._measured)
+                policy.calibrate(*seed._measured, refine=seed._refine)
             self._policies[key] = policy
         self.mode, self.policy = mode, policy
         self._fit_lookup(mode)

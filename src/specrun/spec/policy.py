@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,6 +285,7 @@ class _Costs:
     """Online measurements: target pass seconds by rows, draft step seconds."""
 
     verify: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)  # passes measured this run, by rows
     draft_step: float | None = None
     draft_n: int = 0
     catch_up_row: float | None = None  # seconds per row of a draft catch-up of 2+ rows
@@ -298,6 +299,7 @@ class _Costs:
             self.catch_up_row = per if old is None else old + self.alpha * (per - old)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
+        self.seen[rows] = self.seen.get(rows, 0) + 1
         old = self.verify.get(rows)
         new = seconds if old is None else old + self.alpha * (seconds - old)
         if rows == 1 and old is not None and old > 0.0:
@@ -392,14 +394,24 @@ class AutoPolicy(Policy):
         self.lookup_k = max(draft_max, int(getattr(lookup, "k_max", draft_max)))
         self.drafters = tuple(d for d in (lookup, model) if d is not None)
         self._measured: tuple[dict[int, float], float | None] = ({}, None)
+        self._refine: Callable[[dict[int, tuple[float, int]]], None] | None = None
         self._fresh()
 
-    def calibrate(self, verify_s: dict[int, float], draft_step_s: float | None = None) -> None:
+    def calibrate(
+        self,
+        verify_s: dict[int, float],
+        draft_step_s: float | None = None,
+        refine: Callable[[dict[int, tuple[float, int]]], None] | None = None,
+    ) -> None:
         """Start every run from measured costs (calibrate.py: seconds of a target pass by rows,
         of a draft step) instead of the priors: a target whose batches are expensive is then
         priced right at its first step, not after a dozen lost bets. They weigh as
-        ``priors.seen_weight`` observations; later measurements move them as any other."""
+        ``priors.seen_weight`` observations; later measurements move them as any other.
+        ``refine``, at each text's end, is given the run's estimates of what its passes cost
+        (rows -> (seconds, passes seen)): calibrate.refine keeps the measurement in step with
+        what runs pay."""
         self._measured = (dict(verify_s), draft_step_s)
+        self._refine = refine
         self._seed_costs()
 
     def _seed_costs(self) -> None:
@@ -653,6 +665,12 @@ class AutoPolicy(Policy):
         while m < known and prop[m] == tokens[m]:
             m += 1
         self._acc(key).update(min(m + 1, known), m)
+
+    def finish(self, tokens: list[int]) -> None:
+        super().finish(tokens)
+        if self._refine is not None:
+            c = self.costs
+            self._refine({n: (c.verify[n], k) for n, k in c.seen.items() if n in c.verify})
 
     def confidence_p(self) -> float:
         """--draft-p-min: plain steps report the target's confidence at it. 0 (nothing to learn)
