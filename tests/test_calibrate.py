@@ -164,3 +164,32 @@ def test_auto_hands_its_pass_costs_to_the_calibration_at_a_texts_end():
     policy.finish([0] * 40)
     (costs,) = seen
     assert costs[1][1] >= 20 and costs[1][0] == pytest.approx(t1, rel=0.05)
+
+
+def test_a_generation_under_auto_refines_its_targets_calibration(monkeypatch):
+    """The wiring: calibrate_auto (as every front end starts auto) hands the policy a refine for
+    this target and these sizes, and a generation's end calls it with what its passes cost."""
+    from fakes import FakeModel as FakeTarget
+    from fakes import cycle_rule, text_tokens
+
+    from specrun.session import calibrate_auto
+    from specrun.spec.engine import Engine, SpecConfig
+
+    target = FakeTarget(cycle_rule("the cat sat on the mat, "))
+    eng = Engine(target, None, SpecConfig(mode="auto", draft_max=4))
+    monkeypatch.setattr(
+        calibrate,
+        "pass_times",
+        lambda model, sizes=calibrate.SIZES, refresh=False: {
+            n: 0.01 * (1 + 0.2 * (n - 1)) for n in sizes
+        },
+    )
+    calls = []
+    monkeypatch.setattr(calibrate, "refine", lambda *a: calls.append(a))
+    calibrate_auto(eng)
+    res = eng.run([1, *text_tokens("the cat")], max_tokens=40, params=SamplingParams(temp=0.0))
+    ((model, sizes, seen),) = calls
+    assert model is target and sizes == (1, 2, 3, 5)
+    # every target pass of the run, by its rows, with the policy's estimate of its seconds
+    assert sum(k for _secs, k in seen.values()) == res.stats.target_passes > 0
+    assert all(secs > 0 for secs, _k in seen.values())

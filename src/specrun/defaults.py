@@ -22,10 +22,11 @@ VERIFY = "rejection"  # temp > 0: rejection sampling (exact); "match" = sample-a
 # hybrid, 1 under auto, which prices each match length from its own acceptance. A one-token match
 # is a weak guess (its follower right ~30% of the time on open text) and a 2-row pass costs 1.3-1.6
 # target steps on a CPU in every format but F32 (README: V(n)). Replayed over recorded greedy runs
-# of the default pair, 16 workloads (bench/suffix_sim.py, a 2-core Zen 3's measured V(n)), geo-
-# means of the speed-up over plain decoding, minimum 1 -> 2: --mode lookup (the suffix drafter)
-# F16 1.105 -> 1.132, Q4_K_M 1.095 -> 1.125, F32 1.315 -> 1.318; the n-gram drafter F16 0.85 ->
-# 1.05, Q4_K_M 0.90 -> 1.09, F32 1.15 -> 1.26. Where a pass of n rows costs 1 + 0.1 (n - 1) (a
+# of the default pair, 16 workloads (bench/suffix_sim.py; V(n) of a 2-core Zen 3: F16 its cached
+# calibration, V(3) 1.96, dearer than fresh measurements' 1.46-1.70; Q4_K_M and F32 the README's
+# table), geo-means of the speed-up over plain decoding, minimum 1 -> 2: --mode lookup (the
+# suffix drafter) F16 1.105 -> 1.132, Q4_K_M 1.095 -> 1.125, F32 1.315 -> 1.318; the n-gram
+# drafter F16 0.86 -> 1.06, Q4_K_M 0.92 -> 1.11, F32 1.17 -> 1.28. Where a pass of n rows costs 1 + 0.1 (n - 1) (a
 # GPU's cheap batches) 2 loses: the suffix drafter 1.497 -> 1.458, auto 1.475 -> 1.444 (auto at
 # this CPU's prices: within 0.4% either way).
 LOOKUP_MIN = 2

@@ -146,7 +146,7 @@ def pass_times(model: Any, sizes: Sequence[int] = SIZES, refresh: bool = False) 
 # A run's own passes refine the cached measurement (``refine``): a size seen this many times in
 # the run moves the cached V(n) toward the run's, by at most REFINE_MAX. One calibration is one
 # process's few dozen passes, and it stays for every later run: on a 2-core Zen 3 an F16
-# SmolLM2's cached V(3) / V(9) read 1.96 / 3.83 where six fresh processes measured 1.46-1.70 /
+# SmolLM2's cached V(3) / V(9) read 1.96 / 3.83 where four fresh processes measured 1.46-1.70 /
 # 3.14-3.64 and a run paid ~1.55 for its 3-row passes, so auto priced every run's first bets a
 # quarter too dear until its online estimate caught up.
 REFINE_SEEN = 4

@@ -127,6 +127,7 @@ class Engine:
         self.mode = self.resolve_mode(self.config.mode)
         self.lookup: Drafter | None = None  # the lookup drafter, when the mode has one
         self.policy = self._make_policy(self.mode)
+        self._fit_lookup(self.mode)
         self.k_cap = self._k_cap()  # longest draft any drafter of this engine may propose
         self._policies: dict[tuple[str, int], Policy] = {
             (self.mode, self.config.draft_max): self.policy
@@ -213,7 +214,6 @@ class Engine:
                     file,
                 )
         self.lookup = lookup or self.lookup
-        self._fit_lookup(mode)
         if mode == "draft":
             assert self.draft_model is not None
             return FixedPolicy(self.draft_model)

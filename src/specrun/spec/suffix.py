@@ -283,14 +283,15 @@ class SuffixLookup:
     # Stop a walk where its path probability (the product of each step's count share) falls
     # below this (``min_prob``; the engine sets it by mode, ``fit``). Replayed over recorded
     # greedy runs of the default pair (bench/suffix_sim.py, 16 workloads), geo-means of the
-    # speed-up, at a 2-core Zen 3's measured V(n) (F16 / Q4_K_M / F32) and on the line
+    # speed-up, at a 2-core Zen 3's V(n) (F16 / Q4_K_M / F32: as in defaults.LOOKUP_MIN's note)
+    # and on the line
     # V(n) = 1 + 0.1 (n - 1): auto, 0.3 -> 0.5: 1.122 -> 1.129 / 1.137 -> 1.138 / 1.290 -> 1.297
     # / 1.464 -> 1.475 (QA over a passage 1.76 -> 1.94 at F16's); 0.6 gained as much elsewhere but
     # cut auto's code edit (a prompt's code, changed) F32 1.66 -> 1.46: its indentation and
     # repeated lines are right where their count share is under 0.6, and auto chooses its own K.
     # --mode lookup, which verifies what it is given, 0.5 -> 0.6: 1.122 -> 1.132 / 1.116 ->
-    # 1.125 / 1.316 -> 1.318 / 1.462 -> 1.458; measured on the Q4_K_M pair (5 repeats in one
-    # process): 0.980x -> 1.014x of plain decoding. (Earlier, on the line only: 0.1, 0.3 and 0.5
+    # 1.125 / 1.316 -> 1.318 / 1.462 -> 1.458; measured on the Q4_K_M pair (two runs of 5
+    # repeats, one per floor): 0.980x -> 1.014x of plain decoding. (Earlier, on the line only: 0.1, 0.3 and 0.5
     # within 0.5% of each other.)
     MIN_PROB = 0.6
     MIN_PROB_AUTO = 0.5
