@@ -4,6 +4,8 @@ Greedy decoding is deterministic and every exact mode emits the target's tokens,
 lookup drafter would propose at each step, and how much of it the target accepts, follows from
 the prompt and these tokens alone. Usage:
 .venv/bin/python bench/record_greedy.py --out runs.json -n 128 bench:summarization seq:sql ...
+Each request also keeps ``top_p``: the target's top probability at each output position (the
+distribution its token was the argmax of), for replays that ask how sure the target was.
 (``bench:CATEGORY``: every prompt of that builtin category, first turn, each its own request;
 ``seq:CATEGORY``: every prompt of that category of data/workloads.jsonl, every turn, in order;
 a name from bench/modes_compare.py's PROMPTS, e.g. ``story``: that prompt, one request.)
@@ -20,11 +22,23 @@ from specrun.bench import load_suite
 from specrun.chat_template import encode_chat
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
-from specrun.spec.engine import Engine, SpecConfig
+from specrun.spec import sampling as S
+from specrun.spec.engine import Engine, Result, SpecConfig, Step
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from modes_compare import PROMPTS  # noqa: E402
+
+
+def record(engine: Engine, toks: list[int], n: int) -> tuple[list[int], list[float], str]:
+    """Greedy plain decoding of ``toks``: (output tokens, top probability at each, text)."""
+    top: list[float] = []
+    for ev in engine.generate(toks, max_tokens=n, reuse_cache=False):
+        if isinstance(ev, Step) and ev.tokens:
+            top.append(S.top_prob(engine.target.logits(0)))
+        elif isinstance(ev, Result):
+            return ev.tokens, top[: len(ev.tokens)], ev.text
+    raise AssertionError("generate ended without a Result")
 
 
 def main() -> None:
@@ -43,9 +57,9 @@ def main() -> None:
     for key in a.workloads:
         if key in PROMPTS:
             toks = encode_chat(target, [{"role": "user", "content": PROMPTS[key]}])
-            r = engine.run(toks, max_tokens=a.n, reuse_cache=False)
-            out[key] = [{"id": key, "prompt": toks, "output": r.tokens}]
-            print(key, len(toks), len(r.tokens), flush=True)
+            got, top, _ = record(engine, toks, a.n)
+            out[key] = [{"id": key, "prompt": toks, "output": got, "top_p": top}]
+            print(key, len(toks), len(got), flush=True)
             Path(a.out).write_text(json.dumps(out))
             continue
         kind, _, cat = key.partition(":")
@@ -61,10 +75,10 @@ def main() -> None:
             for user in p.turns if kind == "seq" else p.turns[:1]:
                 history.append({"role": "user", "content": user})
                 toks = encode_chat(target, history)
-                r = engine.run(toks, max_tokens=a.n, reuse_cache=False)
-                reqs.append({"id": str(p.question_id), "prompt": toks, "output": r.tokens})
-                history.append({"role": "assistant", "content": r.text})
-                print(key, p.question_id, len(toks), len(r.tokens), flush=True)
+                got, top, text = record(engine, toks, a.n)
+                reqs.append({"id": str(p.question_id), "prompt": toks, "output": got, "top_p": top})
+                history.append({"role": "assistant", "content": text})
+                print(key, p.question_id, len(toks), len(got), flush=True)
         out[key] = reqs
         Path(a.out).write_text(json.dumps(out))
 

@@ -13,11 +13,17 @@ in one pass (a tree with two branches at the root): its best path and the best p
 with another token (the matched context's second most frequent follower, or the other
 automaton's path), both priced as one pass of 1 + both lengths rows; the branch the target
 accepts counts. ``--tree-min-share`` is the least count share the second branch's first token
-needs. A ``bench:`` workload's requests each start afresh (specrun's store emptied, a new
+needs. Two ceilings, each told the target's tokens: ``oracle-k`` is the suffix drafter as auto
+runs it (1-token matches, auto's walk floor) with each pass's K the best for that pass alone
+(the most tokens per cost, knowing how much of the proposal the target takes): what a perfect
+choice of K could make of these proposals. ``bound`` proposes the longest continuation of the
+target's next tokens that occurs anywhere in what came before (the workload's earlier prompts
+and outputs as the store would hold them, this prompt, the output so far), K chosen the same
+way: what any drafter that copies earlier text could reach. A ``bench:`` workload's requests each start afresh (specrun's store emptied, a new
 llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share one process,
 in order.
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
-[--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto] [--tree-min-share 0.2]
+[--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from specrun import defaults
+from specrun.spec.drafters import EMPTY, Proposal
 from specrun.spec.lookup import PromptLookup
-from specrun.spec.policy import AutoPolicy, FixedPolicy, StepReport
+from specrun.spec.policy import AutoPolicy, FixedPolicy, Policy, StepReport
 from specrun.spec.sampling import SamplingParams
-from specrun.spec.suffix import SuffixLookup
+from specrun.spec.suffix import SEP, SuffixAutomaton, SuffixLookup
 
 try:
     from llama_ngram import LlamaNgramCache, LlamaNgramMod
@@ -82,6 +89,76 @@ def second_branch(d: SuffixLookup, first: list[int], k: int, min_share: float) -
     return best[1]
 
 
+def best_k_knowing(prop: list[int], truth: list[int], vcost) -> int:
+    """The K (0..len(prop)) whose pass yields the most tokens per cost, knowing that the target
+    goes on with ``truth``: (accepted + 1) / V(K + 1); the smallest such K."""
+    best, best_k, m = 1.0 / vcost(1), 0, 0
+    for k in range(1, len(prop) + 1):
+        if m == k - 1 and k - 1 < len(truth) and prop[k - 1] == truth[k - 1]:
+            m += 1
+        s = (m + 1) / vcost(k + 1)
+        if s > best + 1e-9:
+            best, best_k = s, k
+    return best_k
+
+
+class OracleK(Policy):
+    """A drafter's proposals with each pass's K chosen knowing the target's tokens (``oracle-k``);
+    replay hands it each request's output (``know``)."""
+
+    def __init__(self, drafter, vcost) -> None:  # type: ignore[no-untyped-def]
+        self.drafter, self.vcost = drafter, vcost
+        self.drafters = (drafter,)
+        self.truth: list[int] = []
+        self.base = 0
+
+    def know(self, prompt: list[int], output: list[int]) -> None:
+        self.truth, self.base = output, len(prompt)
+
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        prop = self.drafter.propose(tokens, k_cap, params, rng, greedy_draft).tokens
+        k = best_k_knowing(prop, self.truth[len(tokens) - self.base :], self.vcost)
+        return (self.drafter.name, Proposal(prop[:k], None)) if k else ("none", EMPTY)
+
+
+class Bound(Policy):
+    """``bound``: the longest continuation of the target's next tokens found anywhere before (a
+    suffix automaton over the workload's earlier prompts and outputs, separated, then this
+    prompt and the output so far), K chosen knowing them."""
+
+    def __init__(self, vcost, k_max: int = SuffixLookup.K_MAX) -> None:  # type: ignore[no-untyped-def]
+        self.vcost, self.k_max = vcost, k_max
+        self.sam = SuffixAutomaton()
+        self.fed = 0  # tokens of the current request's sequence in the automaton
+        self.truth: list[int] = []
+        self.base = 0
+
+    def know(self, prompt: list[int], output: list[int]) -> None:
+        self.truth, self.base = output, len(prompt)
+
+    def prefill(self, tokens: list[int]) -> None:
+        if self.sam.n:
+            self.sam.extend(SEP)
+        for t in tokens:
+            self.sam.extend(t)
+        self.fed = len(tokens)
+
+    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+        for t in tokens[self.fed :]:
+            self.sam.extend(t)
+        self.fed = len(tokens)
+        truth = self.truth[len(tokens) - self.base :]
+        state, prop = 0, []
+        while len(prop) < min(k_cap, self.k_max) and len(prop) < len(truth):
+            nxt = self.sam.nxt[state].get(truth[len(prop)])
+            if nxt is None:
+                break
+            state = nxt
+            prop.append(truth[len(prop)])
+        k = best_k_knowing(prop, truth, self.vcost)
+        return ("lookup", Proposal(prop[:k], None)) if k else ("none", EMPTY)
+
+
 def replay(
     make_policy,
     reqs,
@@ -112,6 +189,9 @@ def replay(
         policy.reset()  # as Engine.reset: a cold start; the lookup store stays
         tokens = list(req["prompt"])
         out = req["output"]
+        know = getattr(policy, "know", None)
+        if know is not None:  # a ceiling: told the target's tokens
+            know(tokens, out)
         policy.prefill(tokens)
         i = 0
         while i < len(out):
@@ -155,7 +235,7 @@ def replay(
     }
 
 
-def make(kind: str, draft_max: int = 4):
+def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-def]
     if kind == "ngram":
         return FixedPolicy(PromptLookup(1, 4)), draft_max
     if kind in ("suffix", "suffix-tree"):  # as --mode lookup runs it (2-token matches and up)
@@ -168,6 +248,12 @@ def make(kind: str, draft_max: int = 4):
         d = SuffixLookup()
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
         return AutoPolicy(draft_max, d, None), max(draft_max, d.k_max)
+    if kind == "oracle-k":
+        d = SuffixLookup()
+        d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
+        return OracleK(d, vcost or verify_cost(None, 0.1)), max(draft_max, d.k_max)
+    if kind == "bound":
+        return Bound(vcost or verify_cost(None, 0.1)), SuffixLookup.K_MAX
     if kind == "llama-ngram-cache":
         return FixedPolicy(LlamaNgramCache()), LlamaNgramCache.N_DRAFT
     if kind == "llama-ngram-mod":
@@ -195,9 +281,9 @@ def main() -> None:
     for key, reqs in runs.items():
         cells = []
         for kind in kinds:
-            k_cap = make(kind)[1]
+            k_cap = make(kind, vcost=vcost)[1]
             r = replay(
-                lambda kind=kind: make(kind)[0],
+                lambda kind=kind: make(kind, vcost=vcost)[0],
                 reqs,
                 a.max_tokens,
                 k_cap,

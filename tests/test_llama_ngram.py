@@ -135,3 +135,40 @@ def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypa
     )
     assert one["trees"] == 0 and one["second_won"] == 0
     assert two["trees"] >= 1 and two["second_won"] == 1
+
+
+def test_suffix_sim_ceilings_choose_k_knowing_the_target(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import suffix_sim
+
+    line = suffix_sim.verify_cost({}, 0.1)
+    # the target takes 3 of the 5 proposed: K = 3 (4 tokens for V(4)); rows past them only cost
+    assert suffix_sim.best_k_knowing([1, 2, 3, 9, 9], [1, 2, 3, 4, 5], line) == 3
+    assert suffix_sim.best_k_knowing([7, 2, 3], [1, 2, 3], line) == 0  # first one wrong: plain
+    dear = suffix_sim.verify_cost({2: 2.5}, 0.1)  # a second row dearer than a second token
+    assert suffix_sim.best_k_knowing([1], [1, 2], dear) == 0
+
+    # an answer that copies its prompt, then goes on with text seen nowhere before
+    copy = list(range(100, 160))
+    new = list(range(500, 540))
+    reqs = [{"prompt": [1, 2, *copy, 3], "output": copy[:40] + new}]
+    r = {
+        kind: suffix_sim.replay(
+            lambda kind=kind: suffix_sim.make(kind, vcost=line)[0], reqs, 80, 16, line, fresh=True
+        )
+        for kind in ("suffix", "auto", "oracle-k", "bound")
+    }
+    # neither ceiling ever loses a pass: every token of the new text is a plain pass's
+    assert r["oracle-k"]["speedup"] >= max(r["suffix"]["speedup"], r["auto"]["speedup"])
+    assert r["bound"]["speedup"] >= r["oracle-k"]["speedup"] > 1.5
+    assert r["bound"]["acceptance"] == 1.0  # it proposes only what the target takes
+
+    # the bound copies from an earlier request of the same process (a seq: workload)
+    later = [{"prompt": [7, 8], "output": new}]
+    seq = suffix_sim.replay(
+        lambda: suffix_sim.make("bound", vcost=line)[0], reqs + later, 80, 16, line, fresh=False
+    )
+    alone = suffix_sim.replay(
+        lambda: suffix_sim.make("bound", vcost=line)[0], later, 80, 16, line, fresh=False
+    )
+    assert alone["speedup"] == 1.0 and seq["speedup"] > r["bound"]["speedup"]
