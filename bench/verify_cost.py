@@ -18,6 +18,12 @@ type, its tiled K-quant matmul on); the first column is always specrun's own bui
 ``--llama-bench PATH`` adds llama.cpp's own llama-bench (pp1/pp2/pp5/pp9, position 0, last-row
 logits) for the same files.
 
+The switch: a pass of another shape than the one before it made llama.cpp build its compute graph
+anew (it kept one), and speculation alternates single rows with verify passes, so a bet also cost
+the single row after it. Each build is asked what one row costs right after an n-row pass against
+right after one row (``switch``, in one-row times: 0.12 is 12% more). specrun's build keeps a
+graph per batch size (patches/...-graph-per-size.patch), so its own figures pay no rebuild.
+
 Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0); the others (BF16,
 Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
 
@@ -112,8 +118,19 @@ def measure(
                     m.decode(rows[:n], pos, 0 if w == "a" else n - 1)
                     times[f"{n}{w}"].append(time.perf_counter() - t0)
                     m.truncate(pos)
+        after: dict[int, list[float]] = {n: [] for n in sizes}  # one row right after n rows
+        for _ in range(reps):
+            for n in sizes:
+                m.decode(rows[:n], pos, 0)
+                m.truncate(pos)
+                t0 = time.perf_counter()
+                m.decode(rows[:1], pos, 0)
+                after[n].append(time.perf_counter() - t0)
+                m.truncate(pos)
+        single = statistics.median(after[1])
         med = {k: statistics.median(v) for k, v in times.items()}
         return {
+            "switch": {n: statistics.median(after[n]) / single - 1.0 for n in sizes if n > 1},
             "t1_ms": med["1a"] * 1e3,
             "all": {n: med[f"{n}a"] / med["1a"] for n in sizes},
             "last": {n: med[f"{n}l"] / med["1l"] for n in sizes},
@@ -134,6 +151,10 @@ def median_rounds(runs: list[dict]) -> dict:
         out[path]["t1_ms"] = statistics.median(r[path]["t1_ms"] for r in runs)
         for w in ("all", "last"):
             out[path][w] = {n: statistics.median(r[path][w][n] for r in runs) for n in first[w]}
+        if "switch" in first:
+            out[path]["switch"] = {
+                n: statistics.median(r[path]["switch"][n] for r in runs) for n in first["switch"]
+            }
         out[path]["rounds"] = len(runs)
     return out
 
@@ -323,6 +344,21 @@ def main() -> int:
                     f"{r['t1_ms']:.1f} ms · "
                     + " / ".join(f"{v[str(n)] if str(n) in v else v[n]:.2f}" for n in (2, 5, 9))
                 )
+        print(f"| {fmt} | " + " | ".join(cells) + " |")
+    switched = [c for c in cols if c != "llama-bench"]
+    print()
+    print("One row right after a pass of 2 / 5 / 9 rows, against right after one row (+%):")
+    print("| format | " + " | ".join(switched) + " |")
+    print("|---" * (1 + len(switched)) + "|")
+    for fmt, p in files:
+        cells = []
+        for c in switched:
+            sw = results[c][str(p)]["switch"]
+            cells.append(
+                " / ".join(
+                    f"{100 * (sw[str(n)] if str(n) in sw else sw[n]):+.0f}" for n in (2, 5, 9)
+                )
+            )
         print(f"| {fmt} | " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(

@@ -194,6 +194,8 @@ def test_info_reports_build_machine_and_pair():
         assert b["batched_q5_0_kernel"] and b["row_exact_q4_k_repack"], b["system_info"]
         assert b["row_exact_flash_attn"], b["system_info"]
         assert b["batched_f16_kernel"] and b["batched_f32_kernel"], b["system_info"]
+    # ... and a compute graph kept per batch size (1-17 rows), whatever the CPU
+    assert b["graphs_per_batch_size"] == 17, b["system_info"]
     # BF16: with AVX512-BF16, or AVX2 without AVX-512 (AVX-512 alone sums a BF16 row another way)
     sysinfo = b["system_info"]
     if "AVX512_BF16 = 1" in sysinfo or (

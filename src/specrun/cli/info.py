@@ -64,6 +64,8 @@ def build_info() -> dict[str, Any]:
         "batched_f16_kernel": "SPECRUN_F16_COLS = " in sysinfo,
         "batched_bf16_kernel": "SPECRUN_BF16_COLS = " in sysinfo,
         "row_exact_flash_attn": runtime.flash_attn_row_exact(),
+        # patches/: batches of 1..N rows keep a compute graph each (0: llama.cpp's one graph)
+        "graphs_per_batch_size": runtime.graphs_per_batch_size(),
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -215,6 +217,14 @@ def render_text(
             else "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
             "greedy speculation can differ from the target alone at near-ties; rebuild with "
             "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make install does)"
+        ),
+        "graphs    "
+        + (
+            f"one compute graph kept per batch size of 1-{b['graphs_per_batch_size']} rows: "
+            "a verify pass and the single row after it reuse theirs (patches/)"
+            if b.get("graphs_per_batch_size")
+            else "llama.cpp keeps one compute graph: each change of batch size rebuilds it "
+            "(every speculative step pays two; make install's build keeps one per size)"
         ),
     ]
     for d in b["devices"]:
