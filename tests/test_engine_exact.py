@@ -70,34 +70,43 @@ def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
     assert_rows_exact(target, prompt, (2, 5, 9), f"{pair_name} (a build that is not row-exact?)")
 
 
-def test_a_graph_kept_per_batch_size_is_reused_and_gives_the_same_logits(smol_target):
+def test_a_graph_kept_per_batch_size_is_reused_and_gives_the_same_logits(smol_target, model_path):
     """patches/ (graph per size): a pass of a size seen before reuses the compute graph kept for
     that size, though passes of other sizes ran since (llama.cpp keeps one graph and rebuilds it
-    at every change of size: a speculative step paid two rebuilds), and the reused graph gives,
-    bit for bit, the logits the freshly built one gave."""
+    at every change of size: a speculative step paid two rebuilds), and gives, bit for bit, the
+    logits a graph built for it in a fresh context gives."""
     import llama_cpp as ll
     import numpy as np
+    from conftest import SMOL_TARGET, _load
 
     from specrun.llama.backend import graphs_per_batch_size
 
     if graphs_per_batch_size() < 5:
         pytest.skip("this build keeps one compute graph (make install's keeps one per size)")
-    m = smol_target
-    prompt = prompt_tokens(m, "prose")
+    prompt = prompt_tokens(smol_target, "prose")
     p, rows = len(prompt), prompt[:5]
+    fresh = _load(model_path(SMOL_TARGET))  # a new context: each size's graph built anew
+    try:
+        fresh.decode(prompt, 0, None)
+        want = {}
+        for size in (1, 3, 5):
+            fresh.decode(rows[:size], p, 0)
+            want[size] = [fresh.logits(r).copy() for r in range(size)]
+            fresh.truncate(p)
+    finally:
+        fresh.close()
+    m = smol_target
     m.clear()
     m.decode(prompt, 0, None)
-    first = {}
-    for size in (1, 3, 5):  # each size's graph built once
+    for size in (1, 3, 5):  # each size's graph built (or kept from earlier tests) once
         m.decode(rows[:size], p, 0)
-        first[size] = [m.logits(r).copy() for r in range(size)]
         m.truncate(p)
     before = ll.llama_perf_context(m._ctx).n_reused
     for _ in range(3):
         for size in (1, 3, 5):  # every pass follows one of another size
             m.decode(rows[:size], p, 0)
             for r in range(size):
-                assert np.array_equal(first[size][r], m.logits(r)), (size, r)
+                assert np.array_equal(want[size][r], m.logits(r)), (size, r)
             m.truncate(p)
     assert ll.llama_perf_context(m._ctx).n_reused - before == 9
     m.clear()
