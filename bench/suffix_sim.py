@@ -102,39 +102,46 @@ def best_k_knowing(prop: list[int], truth: list[int], vcost) -> int:
     return best_k
 
 
-class OracleK(Policy):
-    """A drafter's proposals with each pass's K chosen knowing the target's tokens (``oracle-k``);
-    replay hands it each request's output (``know``)."""
+class _Ceiling(Policy):
+    """A policy told the target's tokens: replay hands it each request's (``know``)."""
 
-    def __init__(self, drafter, vcost) -> None:  # type: ignore[no-untyped-def]
-        self.drafter, self.vcost = drafter, vcost
-        self.drafters = (drafter,)
+    def __init__(self, vcost) -> None:  # type: ignore[no-untyped-def]
+        self.vcost = vcost
         self.truth: list[int] = []
         self.base = 0
 
     def know(self, prompt: list[int], output: list[int]) -> None:
         self.truth, self.base = output, len(prompt)
 
+    def choose(self, name: str, prop: list[int], tokens: list[int]) -> tuple[str, Proposal]:
+        """``prop`` cut to the K that pays best, knowing what the target goes on with."""
+        k = best_k_knowing(prop, self.truth[len(tokens) - self.base :], self.vcost)
+        return (name, Proposal(prop[:k], None)) if k else ("none", EMPTY)
+
+
+class OracleK(_Ceiling):
+    """``oracle-k``: a drafter's proposals with each pass's K chosen knowing the target's tokens."""
+
+    def __init__(self, drafter, vcost) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(vcost)
+        self.drafter = drafter
+        self.drafters = (drafter,)
+
     def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
         prop = self.drafter.propose(tokens, k_cap, params, rng, greedy_draft).tokens
-        k = best_k_knowing(prop, self.truth[len(tokens) - self.base :], self.vcost)
-        return (self.drafter.name, Proposal(prop[:k], None)) if k else ("none", EMPTY)
+        return self.choose(self.drafter.name, prop, tokens)
 
 
-class Bound(Policy):
+class Bound(_Ceiling):
     """``bound``: the longest continuation of the target's next tokens found anywhere before (a
     suffix automaton over the workload's earlier prompts and outputs, separated, then this
     prompt and the output so far), K chosen knowing them."""
 
     def __init__(self, vcost, k_max: int = SuffixLookup.K_MAX) -> None:  # type: ignore[no-untyped-def]
-        self.vcost, self.k_max = vcost, k_max
+        super().__init__(vcost)
+        self.k_max = k_max
         self.sam = SuffixAutomaton()
         self.fed = 0  # tokens of the current request's sequence in the automaton
-        self.truth: list[int] = []
-        self.base = 0
-
-    def know(self, prompt: list[int], output: list[int]) -> None:
-        self.truth, self.base = output, len(prompt)
 
     def prefill(self, tokens: list[int]) -> None:
         if self.sam.n:
@@ -149,14 +156,13 @@ class Bound(Policy):
         self.fed = len(tokens)
         truth = self.truth[len(tokens) - self.base :]
         state, prop = 0, []
-        while len(prop) < min(k_cap, self.k_max) and len(prop) < len(truth):
+        while len(prop) < min(k_cap, self.k_max, len(truth)):
             nxt = self.sam.nxt[state].get(truth[len(prop)])
             if nxt is None:
                 break
             state = nxt
             prop.append(truth[len(prop)])
-        k = best_k_knowing(prop, truth, self.vcost)
-        return ("lookup", Proposal(prop[:k], None)) if k else ("none", EMPTY)
+        return self.choose("lookup", prop, tokens)
 
 
 def replay(
