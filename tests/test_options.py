@@ -194,6 +194,9 @@ def test_info_reports_build_machine_and_pair():
         assert b["batched_q5_0_kernel"] and b["row_exact_q4_k_repack"], b["system_info"]
         assert b["row_exact_flash_attn"], b["system_info"]
         assert b["batched_f16_kernel"] and b["batched_f32_kernel"], b["system_info"]
+    # ... its F16 KV attention by blocks of 32 cells (AVX2 + F16C + FMA)
+    if all(f"{f} = 1" in b["system_info"] for f in ("AVX2", "F16C", "FMA")):
+        assert b["flash_attn_block"] == 32, b["system_info"]
     # ... and a compute graph kept per batch size (1-17 rows), whatever the CPU
     assert b["graphs_per_batch_size"] == 17, b["system_info"]
     # BF16: with AVX512-BF16, or AVX2 without AVX-512 (AVX-512 alone sums a BF16 row another way)

@@ -66,6 +66,8 @@ def build_info() -> dict[str, Any]:
         "row_exact_flash_attn": runtime.flash_attn_row_exact(),
         # patches/: batches of 1..N rows keep a compute graph each (0: llama.cpp's one graph)
         "graphs_per_batch_size": runtime.graphs_per_batch_size(),
+        # patches/: F16 KV attention by blocks of N cells in SIMD (0: llama.cpp's cell-at-a-time loop)
+        "flash_attn_block": runtime.flash_attn_block(),
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -225,6 +227,13 @@ def render_text(
             if b.get("graphs_per_batch_size")
             else "llama.cpp keeps one compute graph: each change of batch size rebuilds it "
             "(every speculative step pays two; make install's build keeps one per size)"
+        ),
+        "attention "
+        + (
+            f"an F16 KV cache is attended {b['flash_attn_block']} cells at a time in SIMD, "
+            "each row as alone (patches/)"
+            if b.get("flash_attn_block")
+            else "llama.cpp's CPU attention loop (a cell at a time)"
         ),
     ]
     for d in b["devices"]:

@@ -259,6 +259,17 @@ def graphs_per_batch_size() -> int:
     return int(m.group(1)) if m else 0
 
 
+def flash_attn_block() -> int:
+    """How many KV cells this build's CPU flash attention takes at a time for an F16 cache
+    (patches/: the build says SPECRUN_FA_BLOCK = N, AVX2 + F16C + FMA): a row's scores over a
+    block in SIMD, one rescale, then its weighted V rows. 0 where llama.cpp's loop runs, a cell
+    at a time through function pointers with an F16 accumulator: on a 2-core Zen 3 that loop was
+    most of a SmolLM2-135M row's time past a few hundred tokens (a Q4_K_M row 8.5 ms at position
+    100, 19.7 ms at 1600)."""
+    m = re.search(r"SPECRUN_FA_BLOCK = (\d+)", system_info())
+    return int(m.group(1)) if m else 0
+
+
 def batch_exact_cpu() -> bool:
     """Whether CPU matmuls give the same numbers for a row decoded alone and in a batch.
 
