@@ -103,7 +103,8 @@ def measure(
         ),
     )
     try:
-        prompt = (m.tokenize("The quick brown fox jumps over the lazy dog. " * (pos // 8 + 8)))[:pos]
+        text = "The quick brown fox jumps over the lazy dog. " * (pos // 8 + 8)  # ~10 tokens each
+        prompt = m.tokenize(text)[:pos]
         m.decode(prompt, 0, None)
         rows = [prompt[(7 * i) % len(prompt)] for i in range(max(sizes))]
         times: dict[str, list[float]] = {f"{n}{w}": [] for n in sizes for w in ("a", "l")}

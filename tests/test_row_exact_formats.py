@@ -98,9 +98,7 @@ def test_flash_attention_by_blocks_agrees_with_attention_without_it(model_path):
     path = derived(model_path, "F16")
     out = {}
     for fa in (True, False):
-        m = Model(
-            path, LoadOptions(n_ctx=2048, n_threads=THREADS, n_outputs_max=16, flash_attn=fa)
-        )
+        m = Model(path, LoadOptions(n_ctx=2048, n_threads=THREADS, n_outputs_max=16, flash_attn=fa))
         try:
             prompt = m.tokenize(TEXT * 20, add_special=True)
             assert len(prompt) > 512
