@@ -7,7 +7,6 @@ headers, compatibility from a vocabulary-only load (milliseconds).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import replace
 from importlib import metadata
@@ -36,8 +35,7 @@ def build_info() -> dict[str, Any]:
 
     sysinfo = runtime.system_info()
     # patches/' multi-column kernels, by version: 1 Q8_0, 3 K-quants too, 4 Q5_0 too
-    m = re.search(r"SPECRUN_COLS = (\d+)", sysinfo)
-    cols = int(m.group(1)) if m else 0
+    cols = runtime.build_number("SPECRUN_COLS")
     devs = runtime.devices()
     from specrun.llama.rpc import supports_rpc
 

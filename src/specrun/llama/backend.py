@@ -250,13 +250,19 @@ def flash_attn_row_exact() -> bool:
     return "SPECRUN_FA_ROW_EXACT = 1" in system_info()
 
 
+def build_number(name: str) -> int:
+    """A number the build states in its system info (patches/: ``SPECRUN_GRAPHS = 17``); 0 where
+    it states none."""
+    m = re.search(rf"\b{re.escape(name)} = (\d+)", system_info())
+    return int(m.group(1)) if m else 0
+
+
 def graphs_per_batch_size() -> int:
     """How many batch sizes (1..N rows with logits) keep a compute graph of their own in this
     build (patches/: the build says SPECRUN_GRAPHS = N); 0 where llama.cpp keeps its one graph,
     rebuilt at every change of batch size: speculation alternates single rows with verify
     passes, and each switch cost 0.5-0.9 ms against 7-11 ms steps on a 2-core CPU."""
-    m = re.search(r"SPECRUN_GRAPHS = (\d+)", system_info())
-    return int(m.group(1)) if m else 0
+    return build_number("SPECRUN_GRAPHS")
 
 
 def flash_attn_block() -> int:
@@ -266,8 +272,7 @@ def flash_attn_block() -> int:
     at a time through function pointers with an F16 accumulator: on a 2-core Zen 3 that loop was
     most of a SmolLM2-135M row's time past a few hundred tokens (a Q4_K_M row 8.5 ms at position
     100, 19.7 ms at 1600)."""
-    m = re.search(r"SPECRUN_FA_BLOCK = (\d+)", system_info())
-    return int(m.group(1)) if m else 0
+    return build_number("SPECRUN_FA_BLOCK")
 
 
 def batch_exact_cpu() -> bool:
