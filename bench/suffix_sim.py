@@ -22,8 +22,11 @@ and outputs as the store would hold them, this prompt, the output so far), K cho
 way: what any drafter that copies earlier text could reach. A ``bench:`` workload's requests each start afresh (specrun's store emptied, a new
 llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share one process,
 in order.
+``--switch S`` charges each single row right after a pass of several rows S rows more (what the
+machine pays: AutoPriors.switch), whichever drafter ran.
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]
+[--switch 0.03]
 """
 
 from __future__ import annotations
@@ -174,6 +177,7 @@ def replay(
     fresh: bool,
     t1: float = 0.02,
     tree_min_share: float | None = None,
+    switch: float = 0.0,
 ) -> dict:
     """``make_policy()`` gives a new policy; ``fresh``: a new one per request (nothing carried).
     An ``auto`` policy starts from the pass costs as a calibration would measure them (V(1),
@@ -189,6 +193,7 @@ def replay(
     cost = plain = 0.0
     gen = passes = drafted = accepted = trees = alt_won = 0
     policy = new_policy()
+    last_rows = 1
     for req in reqs:
         if fresh:
             policy = new_policy()
@@ -216,7 +221,11 @@ def replay(
                     m += 1
                 alt_won += m > 0
             new = out[i : i + m + 1]
-            v = vcost(len(drafts) + len(alt) + 1)
+            rows = len(drafts) + len(alt) + 1
+            v = vcost(rows)
+            if rows == 1 and last_rows > 1:  # the row after a batch (AutoPriors.switch)
+                v += switch
+            last_rows = rows
             cost += v
             for d in policy.drafters:
                 hook = getattr(d, "accepted", None)  # llama-ngram-mod's accept()
@@ -277,6 +286,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--kinds", default="ngram,suffix,auto-ngram,auto")
     ap.add_argument("--tree-min-share", type=float, default=0.2)
+    ap.add_argument(
+        "--switch",
+        type=float,
+        default=0.0,
+        help="what a single row right after a pass of several rows costs more, in rows (the "
+        "machine's; AutoPriors.switch): charged to every drafter's replay",
+    )
     a = ap.parse_args()
     runs = json.loads(Path(a.runs).read_text())
     kinds = a.kinds.split(",")
@@ -296,6 +312,7 @@ def main() -> None:
                 vcost,
                 fresh=key.startswith("bench:"),
                 tree_min_share=a.tree_min_share if kind == "suffix-tree" else None,
+                switch=a.switch,
             )
             tree = (
                 f", 2 branches {r['trees']}/{r['passes']}, second won {r['second_won']}"
