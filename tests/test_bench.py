@@ -198,6 +198,7 @@ def test_bench_short_real_run_writes_json_markdown_and_png(tmp_path, capsys):
     assert data["machine"]["date"]
     assert [s["mode"] for s in data["skipped"]] == ["bogus"]
     assert data["load_average_max"] is None or data["load_average_max"] >= 0
+    assert data["baseline_spread"] is None  # one repeat: no spread to report
     runs = data["runs"]
     assert {(r["mode"], r["draft_max"]) for r in runs} == {("none", 0), ("draft", 2)}
     for r in runs:
@@ -294,3 +295,37 @@ def test_runner_alternates_configurations_compares_and_follows_turns():
     assert rows["x K=2"].identical == (6, 6) and rows["y K=2"].identical == (0, 6)
     assert rows["none"].overhead_fraction == pytest.approx(0.1)
     assert rows["x K=2"].n_prompts == 3  # two turns of prompt 1, and prompt 3
+
+
+def test_baseline_spread_is_how_far_the_targets_own_repeats_ran_apart():
+    class Varying(_FakeEngine):
+        """The same tokens every run, at the next of ``speeds`` tok/s."""
+
+        def __init__(self, speeds, *args):
+            super().__init__(*args)
+            self.speeds = list(speeds)
+
+        def run(self, *args, **kw):
+            self.tps = self.speeds.pop(0)
+            return super().run(*args, **kw)
+
+    log: list = []
+    # warm-up, then prompt 1's three repeats (9..11: 20% apart), prompt 2's (8..12: 40%)
+    speeds = [10.0, 10.0, 9.0, 11.0, 10.0, 12.0, 8.0]
+    engines = [
+        (B.Config("none", 0), Varying(speeds, "none", [1, 2], 10.0, log)),
+        (B.Config("x", 2), _FakeEngine("x", [1, 2], 20.0, log)),
+    ]
+    prompts = [B.Prompt("1", "qa", ("a",)), B.Prompt("2", "qa", ("b",))]
+    res = B.run_bench(engines, prompts, lambda m: [0], B.BenchSettings(max_tokens=2, repeats=3))
+    spread = B.baseline_spread(res.runs)
+    assert spread == {"median": pytest.approx(0.3), "max": pytest.approx(0.4), "prompts": 2}
+    note = B.spread_note(spread)
+    assert note is not None and "30.0% apart" in note and "at most 40.0%" in note
+    md = B.markdown(B.summarize(res), res.columns, "# t", note)
+    assert md.rstrip().endswith("own variation.") and "Noise: the target alone" in md
+    # one repeat: nothing to compare
+    alone = [(B.Config("none", 0), _FakeEngine("none", [1, 2], 10.0, log))]
+    one = B.run_bench(alone, prompts, lambda m: [0], B.BenchSettings(max_tokens=2, repeats=1))
+    assert len([r for r in one.runs if r.mode == "none"]) == 2
+    assert B.baseline_spread(one.runs) is None and B.spread_note(None) is None

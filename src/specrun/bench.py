@@ -651,6 +651,38 @@ def summarize(result: BenchResult) -> list[Row]:
     return rows
 
 
+def baseline_spread(runs: Sequence[Run]) -> dict[str, float | int] | None:
+    """How far apart the target alone ran one prompt's repeats: (fastest - slowest) / median of
+    their tok/s, for each prompt (and turn) with two or more; the median and the largest over
+    prompts. Those repeats are the same work, token for token, so a speed-up that differs from
+    1.0 (or from another's) by less than this is within what this machine did to the baseline
+    itself. None with one repeat."""
+    by_prompt: dict[tuple[str, int], list[float]] = {}
+    for r in runs:
+        if r.mode == "none" and r.tokens_per_second > 0:
+            by_prompt.setdefault((r.prompt_id, r.turn), []).append(r.tokens_per_second)
+    spreads = [(max(v) - min(v)) / statistics.median(v) for v in by_prompt.values() if len(v) >= 2]
+    if not spreads:
+        return None
+    return {
+        "median": round(statistics.median(spreads), 4),
+        "max": round(max(spreads), 4),
+        "prompts": len(spreads),
+    }
+
+
+def spread_note(spread: dict[str, float | int] | None) -> str | None:
+    """One line for the report: the baseline's own spread between repeats (baseline_spread)."""
+    if spread is None:
+        return None
+    return (
+        f"noise: the target alone ran a prompt's repeats {100 * spread['median']:.1f}% apart "
+        f"(median over {spread['prompts']} prompts; at most {100 * spread['max']:.1f}%): "
+        "speed-ups that differ from 1.00x, or from each other, by that much are within the "
+        "machine's own variation"
+    )
+
+
 # -- report ---------------------------------------------------------------------------------
 def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Header and cells, shared by the Rich table and the Markdown file."""
@@ -692,7 +724,9 @@ CAPTION = (
 )
 
 
-def markdown(rows: Sequence[Row], columns: Sequence[str], header: str) -> str:
+def markdown(
+    rows: Sequence[Row], columns: Sequence[str], header: str, note: str | None = None
+) -> str:
     head, body = table_data(rows, columns)
     out = [
         header,
@@ -701,7 +735,10 @@ def markdown(rows: Sequence[Row], columns: Sequence[str], header: str) -> str:
         "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
     ]
     out += ["| " + " | ".join(cells) + " |" for cells in body]
-    out += ["", CAPTION + ".", ""]
+    out += ["", CAPTION + "."]
+    if note:
+        out += ["", note[0].upper() + note[1:] + "."]
+    out += [""]
     return "\n".join(out)
 
 
@@ -725,6 +762,7 @@ def to_json(result: BenchResult, rows: Sequence[Row], meta: dict[str, Any]) -> d
         "wall_seconds": round(result.wall_seconds, 2),
         "load_average_max": _round(result.load_max, 2),
         "warning": result.busy_warning(),
+        "baseline_spread": baseline_spread(result.runs),
         "summary": [r.as_json() for r in rows],
         "runs": [r.as_json() for r in result.runs],
     }

@@ -167,6 +167,9 @@ def bench(
 
         out = console(stderr=False, file=sys.stdout, width=None if streams.stdout_tty else 200)
         out.print(rich_table(rows, result.columns, title=title))
+        note = B.spread_note(B.baseline_spread(result.runs))
+        if note:
+            out.print(note, soft_wrap=True, highlight=False)
         sys.stdout.flush()
         busy = result.busy_warning()
         if busy:
@@ -212,7 +215,7 @@ def bench(
                 f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}"
                 + (f"\n\n**Warning:** {busy}." if busy else "")
             )
-            _write(md_out, B.markdown(rows, result.columns, header))
+            _write(md_out, B.markdown(rows, result.columns, header, note))
         if plot_out is not None:
             B.plot(rows, plot_out, title)
             print(f"specrun: wrote {plot_out}", file=sys.stderr)
