@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -250,15 +250,19 @@ def test_ctrl_c_exits_130_and_keeps_the_text():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    # Wait for the first streamed bytes, then interrupt.
-    first = proc.stdout.read(1)
+    # The first streamed byte, then more text streamed and not yet read (not a fixed sleep: on a
+    # busy machine 0.3 s once passed without another token), then the interrupt: what was
+    # streamed before it must reach stdout. Unbuffered reads, so that select sees what waits.
+    fd = proc.stdout.fileno()
+    first = os.read(fd, 1)
     assert first
-    time.sleep(0.3)
+    ready, _, _ = select.select([fd], [], [], 60)
+    assert ready, "no more text within 60 s"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert b"Traceback" not in err
-    assert len(first + out) > 1
+    assert out, "the text streamed before Ctrl-C was lost"
 
 
 def test_broken_pipe_is_quiet():
