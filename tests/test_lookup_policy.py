@@ -534,6 +534,33 @@ def test_the_targets_confidence_stands_in_for_the_drafts():
     assert name == "draft"
 
 
+def test_a_draft_that_stops_where_unsure_is_re_tried_only_after_a_sure_token():
+    """With --draft-p-min, a re-try of the draft model waits for a plain step whose target was
+    sure: at a position the target doubts, the smaller model mostly stops and proposes nothing,
+    after paying its catch-up. A draft that never stops is re-tried on the backoff alone."""
+    rng = np.random.default_rng(21)
+    for p_min in (0.6, 0.0):
+        model = ShyDraftModel(np.random.default_rng(22))
+        model.p_min = p_min
+        policy = AutoPolicy(4, None, model)
+        policy.calibrate({1: 0.012, 3: 0.0167, 5: 0.0211}, 0.003)  # a perfect draft pays 1.7x
+        for _ in range(3):  # the draft is not chosen, only re-tried
+            policy._acc("draft").update(4, 0)
+        after = []  # the step before each re-try: its target sure?
+        sure = None
+        for _ in range(400):
+            name, prop = policy.draft([0] * 10, 4, SamplingParams(), rng, True)
+            if name == "draft":
+                after.append(sure)
+                policy.observe(StepReport("none", 0, 0, 0.003, 0.012, declined="draft"))
+                sure = None
+                continue
+            sure = bool(rng.random() < 0.5) if p_min else None
+            policy.observe(StepReport(name, 0, 0, 0.0, 0.012, target_sure=sure))
+        assert len(after) >= 2
+        assert all(after) if p_min else all(s is None for s in after), after
+
+
 def test_a_slower_single_row_does_not_make_batches_look_cheaper():
     """Calibrated V(n) holds while the machine's pace drifts: plain steps that take 15% longer
     than at calibration leave V(3) and V(9) where they were (not 15% lower), and a 3-row pass
