@@ -518,24 +518,37 @@ def test_sample_matches_probs():
 
 
 # -- the draft's stop rule, fast ---------------------------------------------------------------
-def test_top_prob_below_agrees_with_the_exact_softmax():
+@pytest.mark.parametrize("in_c", [False, True], ids=["numpy", "native"])
+def test_top_prob_below_agrees_with_the_exact_softmax(in_c: bool):
     """top_prob_below (counts and a 16-nat window) answers as top_prob(...) < p_min does, on flat,
-    peaked and in-between logits over a real-sized vocabulary, away from a 1% band around p_min."""
+    peaked and in-between logits over a real-sized vocabulary, away from a 1% band around p_min;
+    in numpy and in C (the build's specrun_top_prob, patches/), on lengths that are not whole
+    blocks of its SIMD loops too."""
+    from specrun.llama import native
+
+    f = native.top_prob() if in_c else None
+    if in_c:
+        assert f is not None, "this build of llama.cpp lacks specrun_top_prob (patches/)"
     rng = np.random.default_rng(7)
     checked = 0
     for trial in range(400):
-        n = int(rng.choice([1000, 49152, 262144]))
+        n = int(rng.choice([1, 7, 31, 33, 1000, 49152, 151936, 262144]))
         logits = (rng.standard_normal(n) * rng.uniform(0.5, 4)).astype(np.float32)
         top = int(rng.integers(n))
         logits[top] += np.float32(rng.uniform(0, 30))
+        exact = S.top_prob(logits)
+        if f is not None:
+            assert f(logits) == pytest.approx(exact, rel=1e-4, abs=n * math.exp(-16)), (trial, n)
         for p_min in (0.05, 0.3, 0.6, 0.9, 0.99):
-            exact = S.top_prob(logits)
             if abs(exact - p_min) < 0.01 * p_min:
                 continue
-            assert S.top_prob_below(logits, p_min) == (exact < p_min), (trial, n, p_min, exact)
+            assert S.top_prob_below(logits, p_min, f) == (exact < p_min), (trial, n, p_min, exact)
             checked += 1
     assert checked > 1500
     one_hot = np.full(49152, -1e9, dtype=np.float32)
     one_hot[5] = 0.0
-    assert not S.top_prob_below(one_hot, 0.999) and S.top_prob_below(one_hot, 1.0)
-    assert not S.top_prob_below(np.zeros(10, np.float32), 0.0)
+    assert not S.top_prob_below(one_hot, 0.999, f) and S.top_prob_below(one_hot, 1.0, f)
+    assert not S.top_prob_below(np.zeros(10, np.float32), 0.0, f)
+    if f is not None:
+        assert f(np.zeros(1000, np.float32)) == pytest.approx(1e-3)  # a tie: 1 / n
+        assert f(one_hot) == 1.0

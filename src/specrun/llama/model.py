@@ -19,6 +19,7 @@ import llama_cpp as ll
 import numpy as np
 
 from specrun.errors import ModelError, SpecrunError
+from specrun.llama import native
 from specrun.llama.backend import (
     auto_flash_attn,
     capture_load_log,
@@ -145,6 +146,9 @@ class Model:
             and os.environ.get(AMX_OPT_IN) != "1"
             and "AMX" in self.load_report.get("weight_buffers", ())
         )
+        # The softmax top probability of a row of logits in C (llama/native.py), None where this
+        # build lacks it: the --draft-p-min check (spec/sampling.top_prob_below's ``native``).
+        self.top_prob_fn = native.top_prob()
 
     def _load(self, mparams: Any, opts: LoadOptions) -> None:
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)

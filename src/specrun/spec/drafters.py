@@ -79,6 +79,8 @@ class DraftModel:
     def __init__(self, model: Model, p_min: float = 0.0) -> None:
         self.model = model
         self.p_min = p_min
+        # The stop rule's check in C where the model's build has it (llama/native.py).
+        self._native = getattr(model, "top_prob_fn", None)
         # The cache position of each of the engine's tokens the draft has taken in (-1: skipped);
         # what sits at each position the Model records (model.cached).
         self._pos: list[int] = []
@@ -162,7 +164,7 @@ class DraftModel:
         while True:
             logits = m.logits(-1)
             if greedy_draft:
-                if self.p_min > 0.0 and S.top_prob_below(logits, self.p_min):
+                if self.p_min > 0.0 and S.top_prob_below(logits, self.p_min, self._native):
                     break
                 tok = S.greedy(logits)
             else:

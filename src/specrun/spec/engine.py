@@ -298,6 +298,7 @@ class Engine:
         draft_min = self.config.draft_min
         eog = target.is_eog
         piece = target.piece
+        native = getattr(target, "top_prob_fn", None)  # the sureness check in C (llama/native.py)
         policy = self.policy
         t_decode = time.perf_counter()
         try:
@@ -337,7 +338,7 @@ class Engine:
                     # it was when the stretch began). Not after a declined draft: its stop at this
                     # very position is counted already, and counting the target's doubt there too
                     # inflated the stop rate in mixed stretches of code.
-                    sure = not S.top_prob_below(target.logits(0), p_conf)
+                    sure = not S.top_prob_below(target.logits(0), p_conf, native)
                 policy.observe(
                     StepReport(
                         name, k_used, n_acc, t_verify - t_step, verify_s, new, declined, sure
