@@ -199,6 +199,8 @@ def test_info_reports_build_machine_and_pair():
         assert b["flash_attn_block"] == 32, b["system_info"]
     # ... and a compute graph kept per batch size (1-17 rows), whatever the CPU
     assert b["graphs_per_batch_size"] == 17, b["system_info"]
+    # ... and --draft-p-min's check in C (specrun_top_prob), whatever the CPU
+    assert b["top_prob_in_c"] is True
     # BF16: with AVX512-BF16, or AVX2 without AVX-512 (AVX-512 alone sums a BF16 row another way)
     sysinfo = b["system_info"]
     if "AVX512_BF16 = 1" in sysinfo or (

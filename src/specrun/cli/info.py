@@ -32,6 +32,7 @@ def _version(dist: str) -> str | None:
 
 def build_info() -> dict[str, Any]:
     from specrun.llama import backend as runtime
+    from specrun.llama import native
 
     sysinfo = runtime.system_info()
     # patches/' multi-column kernels, by version: 1 Q8_0, 3 K-quants too, 4 Q5_0 too
@@ -66,6 +67,8 @@ def build_info() -> dict[str, Any]:
         "graphs_per_batch_size": runtime.graphs_per_batch_size(),
         # patches/: F16 KV attention by blocks of N cells in SIMD (0: llama.cpp's cell-at-a-time loop)
         "flash_attn_block": runtime.flash_attn_block(),
+        # patches/: --draft-p-min's check (a row's top softmax probability) in C, not numpy
+        "top_prob_in_c": native.top_prob() is not None,
         "devices": [d.__dict__ for d in devs],
     }
 
@@ -232,6 +235,13 @@ def render_text(
             "each row as alone (patches/)"
             if b.get("flash_attn_block")
             else "llama.cpp's CPU attention loop (a cell at a time)"
+        ),
+        "p-min     "
+        + (
+            "--draft-p-min's check (a row's top softmax probability) runs in C (patches/)"
+            if b.get("top_prob_in_c")
+            else "--draft-p-min's check runs in numpy (make install's build has it in C, "
+            "about half the time a step)"
         ),
     ]
     for d in b["devices"]:

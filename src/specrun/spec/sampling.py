@@ -114,7 +114,7 @@ def top_prob_below(
         return False
     if p_min >= 1.0:
         return True
-    if native is not None:
+    if native is not None and logits.dtype == np.float32 and logits.flags.c_contiguous:
         return native(logits) < p_min
     budget = 1.0 / p_min - 1.0
     m = logits.max()
