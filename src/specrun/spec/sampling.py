@@ -108,7 +108,7 @@ def top_prob_below(
     Many rivals within 2 nats settle it from a count alone (a flat distribution); otherwise only
     the logits within 16 nats of the top are exponentiated (few, when the draft is confident).
     ``native``: the same sum in C (a Model's ``top_prob_fn``, where its build has one; float32
-    rows as llama.cpp writes them), 35-40 us a check in a run where this takes 85-100.
+    rows as llama.cpp writes them), 35-45 us a check in a run where this takes 85-100.
     """
     if p_min <= 0.0:
         return False
