@@ -115,6 +115,44 @@ def test_pass_times_are_measured_once_per_file_and_setting(tmp_path, monkeypatch
     assert m.decoded
 
 
+def test_a_draft_step_is_timed_right_after_a_target_row_once_per_pair(tmp_path, monkeypatch):
+    """A draft step is priced as the engine pays it: every timed draft row follows a target row
+    (a draft attempt starts right after a target pass), never another draft row. Measured once per
+    pair of files and settings; another target, or another setting of the draft, measures anew."""
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path / "home"))
+    log: list[str] = []
+
+    class Logged(FakeModel):
+        def __init__(self, path, tag, threads=2):
+            super().__init__(path, threads)
+            self.tag = tag
+
+        def decode(self, tokens, pos0, logits_from=None):
+            super().decode(tokens, pos0, logits_from)
+            log.append(self.tag if len(tokens) == 1 else self.tag + "*")
+
+    files = []
+    for name in ("t.gguf", "d.gguf", "t2.gguf"):
+        f = tmp_path / name
+        f.write_bytes(b"GGUF" + name.encode() * 20)
+        files.append(f)
+    target, draft = Logged(files[0], "T"), Logged(files[1], "D")
+    step = calibrate.draft_step(target, draft)
+    assert step > 0
+    assert log[:2] == ["T*", "D*"]  # the context, once each
+    rows = log[2:]
+    assert rows and set(rows) == {"T", "D"} and all(
+        rows[i - 1] == "T" for i, r in enumerate(rows) if r == "D"
+    )
+    log.clear()
+    assert calibrate.draft_step(target, draft) == step and log == []  # from the cache
+    calibrate.draft_step(Logged(files[2], "T"), draft)  # another target
+    assert log
+    log.clear()
+    calibrate.draft_step(target, Logged(files[1], "D", threads=1))  # the draft on 1 thread
+    assert log
+
+
 def test_a_corrupt_cache_is_measured_over(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECRUN_HOME", str(tmp_path))
     calibrate.cache_file().write_text("{not json")
@@ -132,6 +170,16 @@ def test_real_pass_times_grow_with_rows_and_leave_the_cache_empty(smol_target):
     toks = smol_target.tokenize("Hello there", add_special=True)
     smol_target.decode(toks, 0, logits_from=len(toks) - 1)
     smol_target.clear()
+
+
+@pytest.mark.models
+def test_a_real_draft_step_after_a_target_row_leaves_both_caches_empty(smol_target, smol_draft):
+    step = calibrate.measure_draft(smol_target, smol_draft, reps=2, at=32)
+    assert 0 < step < 1.0
+    for m in (smol_target, smol_draft):
+        toks = m.tokenize("Hello there", add_special=True)
+        m.decode(toks, 0, logits_from=len(toks) - 1)
+        m.clear()
 
 
 def test_a_runs_passes_refine_the_cached_measurement(tmp_path, monkeypatch):

@@ -376,8 +376,8 @@ def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None)
     say("measuring pass costs")
     verify = calibrate.pass_times(engine.target, sizes)
     step = None
-    if engine.draft_model is not None:
-        step = calibrate.pass_times(engine.draft_model.model, (1,)).get(1)
+    if engine.draft_model is not None:  # as the engine pays it: right after a target pass
+        step = calibrate.draft_step(engine.target, engine.draft_model.model)
     target = engine.target
     engine.policy.calibrate(verify, step, refine=lambda seen: calibrate.refine(target, sizes, seen))
 
