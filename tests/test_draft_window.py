@@ -64,3 +64,24 @@ def test_a_new_turn_re_decodes_from_the_skipped_stretch(smol_draft):
     want = d.propose(toks, 4, GREEDY, rng, True).tokens
     assert got == want
     d.reset()
+
+
+def test_a_skipped_prefill_keeps_only_the_shared_prefix_and_catches_up_when_asked(smol_draft):
+    """auto skips the draft's prefill where the draft cannot pay (AutoPolicy.prefill): what the
+    cache held beyond the new prompt's shared prefix goes (a chat's earlier turn it does not
+    continue), nothing is evaluated, and a later proposal catches up on the whole prompt and
+    proposes what a draft that read it at once proposes."""
+    toks = _tokens(smol_draft)
+    rng = np.random.default_rng(0)
+    d = DraftModel(smol_draft)
+    d.reset()
+    d.prefill(toks[:30])
+    other = toks[:10] + toks[30:]
+    assert d.prefill(other, evaluate=False) == 0
+    assert d.n_cached == 10 and d.held_tokens() == toks[:10]
+    got = d.propose(other, 4, GREEDY, rng, True).tokens
+    assert d.last_catch_up[0] == len(other) - 10
+    d.reset()
+    d.prefill(other)
+    assert d.propose(other, 4, GREEDY, rng, True).tokens == got
+    d.reset()

@@ -132,8 +132,10 @@ class FakeDraftModel:
         self.last_catch_up = (1, 0.0)
         self.n_cached = 0
 
-    def prefill(self, tokens):
-        self.n_cached = len(tokens) - 1
+    def prefill(self, tokens, evaluate=True):
+        self.prefilled = evaluate
+        if evaluate:
+            self.n_cached = len(tokens) - 1
         return 0
 
     def propose(self, tokens, k, params, rng, greedy_draft, window=None):
@@ -592,6 +594,27 @@ def test_the_targets_confidence_is_not_asked_where_no_draft_could_pay():
     cheap.calibrate({1: 0.02, 2: 0.021, 3: 0.022, 5: 0.024}, 0.003)
     cheap.draft([0] * 10, 4, SamplingParams(), rng, True)
     assert cheap.confidence_p() == 0.6
+
+
+def test_the_draft_reads_the_prompt_only_where_it_may_run():
+    """Where even a draft accepted whole that never stops would not clear the re-try bar at the
+    measured costs, auto neither re-tries nor chooses it: its prefill is skipped (time before the
+    first token for nothing). Where it could pay, it reads the prompt as before."""
+    rng = np.random.default_rng(23)
+    # V(5) 1.8, a draft step half a target step: a perfect K=4 draft makes 5 / 4.3 = 1.16x
+    dear = AutoPolicy(4, FakeLookup(), FakeDraftModel())
+    dear.calibrate({1: 0.010, 2: 0.0126, 3: 0.0155, 5: 0.018}, 0.005)
+    assert not dear.draft_may_run()
+    dear.prefill([0] * 50)
+    assert dear.model.prefilled is False and dear.model.n_cached == 0
+    for _ in range(100):
+        assert dear.draft([0] * 50, 4, SamplingParams(), rng, True)[0] != "draft"
+        dear.observe(StepReport("none", 0, 0, 0.0, 0.010, target_sure=True))
+    cheap = AutoPolicy(4, FakeLookup(), FakeDraftModel())
+    cheap.calibrate({1: 0.010, 2: 0.0126, 3: 0.0155, 5: 0.018}, 0.002)  # 5 / 2.8 = 1.79x
+    assert cheap.draft_may_run()
+    cheap.prefill([0] * 50)
+    assert cheap.model.prefilled is True and cheap.model.n_cached == 49
 
 
 def test_the_draft_is_retried_only_where_it_could_pay_for_the_retry():

@@ -251,7 +251,7 @@ class _AskedModel:
         self.n_cached = len(tokens)
         return Proposal([1] * k, None)
 
-    def prefill(self, tokens):
+    def prefill(self, tokens, evaluate=True):
         return 0
 
     def rollback(self, valid_len):

@@ -127,10 +127,15 @@ class DraftModel:
             out.append(held[p] if p >= 0 else SKIPPED)
         return out
 
-    def prefill(self, tokens: list[int]) -> int:
+    def prefill(self, tokens: list[int], evaluate: bool = True) -> int:
+        """``evaluate=False``: only drop what the cache holds beyond the tokens it shares with
+        ``tokens``; the rest is caught up on if the draft is ever asked (propose), as after any
+        stretch without it."""
         keep = min(_common_prefix(self.held_tokens(), tokens), len(tokens) - 1)
         if keep < self.n_cached:
             self._cut(keep)
+        if not evaluate:
+            return 0
         todo = tokens[keep:-1]
         self._append(todo, None)
         return len(todo)
