@@ -141,8 +141,10 @@ def test_a_draft_step_is_timed_right_after_a_target_row_once_per_pair(tmp_path, 
     assert step > 0
     assert log[:2] == ["T*", "D*"]  # the context, once each
     rows = log[2:]
-    assert rows and set(rows) == {"T", "D"} and all(
-        rows[i - 1] == "T" for i, r in enumerate(rows) if r == "D"
+    assert (
+        rows
+        and set(rows) == {"T", "D"}
+        and all(rows[i - 1] == "T" for i, r in enumerate(rows) if r == "D")
     )
     log.clear()
     assert calibrate.draft_step(target, draft) == step and log == []  # from the cache
