@@ -420,6 +420,22 @@ def test_draft_catch_ups_are_capped():
     assert model.windows[-50:] == [PRIORS.catch_up_window] * 50
 
 
+def test_a_draft_that_decodes_row_by_row_is_re_tried_on_one_row():
+    """Where the draft model decodes its rows one at a time (AMX: Model.single_rows) each
+    catch-up row costs a whole draft step, so a re-try catches up on one row, not PROBE_WINDOW."""
+
+    class Rows:
+        single_rows = True
+
+    rng = np.random.default_rng(11)
+    model = FakeDraftModel()
+    model.model = Rows()
+    policy = AutoPolicy(8, None, model)
+    drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
+    probes = model.windows[-4:]
+    assert probes and all(w == PRIORS.probe_window_single == 1 for w in probes), probes
+
+
 def test_a_long_catch_up_is_not_the_drafts_price():
     """The draft's cost per step excludes a catch-up beyond its first row: one long catch-up
     (the draft back after plain decoding) must not make the draft look slow for many steps."""

@@ -188,6 +188,13 @@ class AutoPriors:
     # since the draft last ran, and on open-ended text that alone made auto slower than the
     # target (13 probes took 0.6 s of draft time; two 16-row probes 3.9% of a story's run).
     probe_window: int = 4
+    # ... and on one row where the draft decodes its rows one at a time (AMX, Model.single_rows):
+    # there each catch-up row costs a whole draft step (~4.5 ms beside a 9.5 ms Q8_0 target on
+    # a 2-core Intel Xeon), a 4-row re-try ~15 ms, mostly for nothing. One process, alternating
+    # 4-6 times, ratio to plain decoding, probe_window 4 -> 1: Q8_0 pair Stack class 0.943 ->
+    # 0.998 (no draft model at all: 1.030), code 1.142 -> 1.140; F16 pair (where the draft pays)
+    # Stack class 1.576 -> 1.578, code 1.652 -> 1.619, summary 1.772 -> 1.826, story 0.981 -> 0.999.
+    probe_window_single: int = 1
     # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
     # where the draft decodes row by row (AMX) a full catch-up of the ~100 tokens lookup had
     # accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x vs lookup
@@ -589,7 +596,8 @@ class AutoPolicy(Policy):
             self._since = 0
             self._probe_every = min(self.priors.probe_max, self._probe_every * 2)
             key, k, s = "draft", min(2, k_model), 0.0
-            window = self.priors.probe_window
+            single = getattr(getattr(self.model, "model", None), "single_rows", False)
+            window = self.priors.probe_window_single if single else self.priors.probe_window
         if lookup_prop is not None and not key.startswith("lookup"):
             self._declined = (lookup_key, lookup_prop.tokens)
         self.last_choice = (key, k, s)
