@@ -454,9 +454,9 @@ class AutoPolicy(Policy):
     def prefill(self, tokens: list[int]) -> None:
         """The draft model reads the prompt only where it may run: where even a draft accepted
         whole that never stops would not clear the re-try bar (probe_bar) at the measured costs,
-        auto neither re-tries nor chooses it, and its prefill would be time before the first
-        token for nothing. A draft asked later all the same catches up then (DraftModel.propose,
-        windowed). SmolLM2-135M Q4_K_M target, Q4_0 draft on a 2-core Intel Xeon with AMX (the
+        auto does not re-try it, nor, with its acceptance unmeasured (the prior's 0.6), choose
+        it, and its prefill would be time before the first token for nothing. A draft asked
+        later all the same (the costs moved) catches up then (DraftModel.propose, windowed). SmolLM2-135M Q4_K_M target, Q4_0 draft on a 2-core Intel Xeon with AMX (the
         draft's prefill row by row, 2.8 ms a token): a 327-token prompt took 1.25 s before the
         first token under auto, 0.60 s under plain decoding."""
         if self.lookup is not None:
