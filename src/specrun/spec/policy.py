@@ -188,13 +188,15 @@ class AutoPriors:
     # since the draft last ran, and on open-ended text that alone made auto slower than the
     # target (13 probes took 0.6 s of draft time; two 16-row probes 3.9% of a story's run).
     probe_window: int = 4
-    # ... and on one row where the draft decodes its rows one at a time (AMX, Model.single_rows):
+    # ... and on two where the draft decodes its rows one at a time (AMX, Model.single_rows):
     # there each catch-up row costs a whole draft step (~4.5 ms beside a 9.5 ms Q8_0 target on
-    # a 2-core Intel Xeon), a 4-row re-try ~15 ms, mostly for nothing. One process, alternating
-    # 4-6 times, ratio to plain decoding, probe_window 4 -> 1: Q8_0 pair Stack class 0.943 ->
-    # 0.998 (no draft model at all: 1.030), code 1.142 -> 1.140; F16 pair (where the draft pays)
-    # Stack class 1.576 -> 1.578, code 1.652 -> 1.619, summary 1.772 -> 1.826, story 0.981 -> 0.999.
-    probe_window_single: int = 1
+    # a 2-core Intel Xeon), a 4-row re-try ~15 ms, mostly for nothing. Two rows are what a
+    # re-try right after a plain step owes (that step's token and the pending one); one skipped
+    # the token before the pending one, the re-try's proposal missed, and the draft was lost
+    # where it pays (F32 pair code 1.66x -> 1.17x). One process, alternating 3-6 times, ratio
+    # to plain decoding, 4 rows -> 2 (-> 1): Q8_0 pair Stack class 0.874 -> 0.982 (0.973; no draft
+    # model at all 0.990), F32 pair code 1.660 -> 1.665 (1.169), Stack class 1.659 -> 1.687.
+    probe_window_single: int = 2
     # And a draft chosen because it pays, after another drafter's stretch, on at most this many:
     # where the draft decodes row by row (AMX) a full catch-up of the ~100 tokens lookup had
     # accepted (~0.4 s at 4.7 ms a row) cost more than lookup had saved: auto 1.94x vs lookup
