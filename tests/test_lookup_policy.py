@@ -420,7 +420,7 @@ def test_draft_catch_ups_are_capped():
     assert model.windows[-50:] == [PRIORS.catch_up_window] * 50
 
 
-def test_a_draft_that_decodes_row_by_row_is_re_tried_on_one_row():
+def test_a_draft_that_decodes_row_by_row_is_re_tried_on_two_rows():
     """Where the draft model decodes its rows one at a time (AMX: Model.single_rows) each
     catch-up row costs a whole draft step, so a re-try catches up on two rows (what a re-try
     right after a plain step owes), not PROBE_WINDOW."""
