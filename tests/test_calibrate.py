@@ -179,6 +179,7 @@ def test_a_real_draft_step_after_a_target_row_leaves_both_caches_empty(smol_targ
     step = calibrate.measure_draft(smol_target, smol_draft, reps=2, at=32)
     assert 0 < step < 1.0
     for m in (smol_target, smol_draft):
+        assert len(m.cached) == 0
         toks = m.tokenize("Hello there", add_special=True)
         m.decode(toks, 0, logits_from=len(toks) - 1)
         m.clear()

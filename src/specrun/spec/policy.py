@@ -458,9 +458,10 @@ class AutoPolicy(Policy):
         whole that never stops would not clear the re-try bar (probe_bar) at the measured costs,
         auto does not re-try it, nor, with its acceptance unmeasured (the prior's 0.6), choose
         it, and its prefill would be time before the first token for nothing. A draft asked
-        later all the same (the costs moved) catches up then (DraftModel.propose, windowed). SmolLM2-135M Q4_K_M target, Q4_0 draft on a 2-core Intel Xeon with AMX (the
-        draft's prefill row by row, 2.8 ms a token): a 327-token prompt took 1.25 s before the
-        first token under auto, 0.60 s under plain decoding."""
+        later all the same (the costs moved) catches up then (DraftModel.propose, windowed).
+        SmolLM2-135M Q4_K_M target, Q4_0 draft on a 2-core Intel Xeon with AMX (the draft's
+        prefill row by row, 2.8 ms a token): a 327-token prompt took 1.25 s before the first
+        token under auto, 0.60 s under plain decoding."""
         if self.lookup is not None:
             self.lookup.prefill(tokens)
         if self.model is not None:
