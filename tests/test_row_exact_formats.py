@@ -12,12 +12,14 @@ import os
 import pytest
 from conftest import SMOL_TARGET, THREADS, assert_rows_exact
 
+from specrun.llama.buffers import amx_batches_sound, cpu_extra_buffer_types
 from specrun.llama.model import LoadOptions, Model
 from specrun.llama.quantize import quantize
 from specrun.paths import specrun_home
 
 pytestmark = pytest.mark.models
 
+AMX_HERE = "AMX" in cpu_extra_buffer_types() and amx_batches_sound()
 FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q6_K"]
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when a goldsmith in "
@@ -53,6 +55,9 @@ def test_batched_rows_equal_single_rows(model_path, fmt):
     # As the command line loads a target: default buffers (CPU_REPACK where llama.cpp repacks).
     m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
     try:
+        if fmt in ("Q8_0", "Q4_0", "Q4_K_M") and AMX_HERE:
+            # On an AMX CPU with the fixed build: these rows go through AMX's kernels.
+            assert "AMX" in m.load_report["weight_buffers"], m.load_report
         prompt = m.tokenize(TEXT * 3, add_special=True)  # past a few hundred positions
         assert_rows_exact(
             m, prompt, (2, 3, 4, 5, 9), f"{fmt} (weights in {m.load_report.get('weight_buffers')})"

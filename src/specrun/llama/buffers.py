@@ -70,34 +70,61 @@ def row_exact_repack() -> tuple[str, ...]:
     )
 
 
+# Every weight type llama.cpp 0.3.36's AMX matmul takes. Its two kernels, one row (AVX512-VNNI)
+# and 2+ rows (AMX tiles), sum each block in integers and scale the sums in the same order, so a
+# row gets the same result alone and in a batch, bit for bit (tests/test_row_exact_formats.py
+# and test_amx_rows.py on an AMX CPU; each of these in batches of 2 to 16).
+AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+_AMX_ROW_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32}  # the others: one super block, 256
+AMX_FIXED = "SPECRUN_AMX_TILECFG = 1"
+
+
+def amx_batches_sound() -> bool:
+    """Whether llama.cpp's AMX batch kernel runs here: built with the whole tile configuration
+    loaded (patches/, reported as SPECRUN_AMX_TILECFG), or SPECRUN_ALLOW_AMX=1 (a llama.cpp where
+    it is fixed otherwise). Upstream's ``_tile_loadconfig(&tc)`` under GCC 12 (whose intrinsic
+    names only a pointer's 8 bytes of the configuration as its input) had the configuration's
+    stores dropped as dead: the first batched AMX matmul raised SIGILL or SIGSEGV, by what the
+    stack held (ggml-org/llama.cpp#20824)."""
+    return AMX_FIXED in system_info() or os.environ.get(AMX_OPT_IN) == "1"
+
+
+def _amx_fits(tname: str, rows: int, cols: int) -> bool:
+    """Whether llama.cpp's AMX buffer takes a matrix (its supports_op: a type it has kernels for,
+    rows in pairs of 16-row tiles, a row a whole number of blocks)."""
+    return tname in AMX_TYPES and rows % 32 == 0 and cols % _AMX_ROW_BLOCK.get(tname, 256) == 0
+
+
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
     """Where a model's weights go on the CPU; returns what must outlive the load.
 
     Two reasons to override llama.cpp's choice of extra buffer types:
 
-    - AMX (Sapphire Rapids and later): llama.cpp puts quantized weights in AMX buffers, whose
-      batched matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat on any batch of 2+ rows:
-      ggml-org/llama.cpp#20824, reproduced with 0.3.36 on Q4_0, Q4_1 and Q4_K models). A model
-      that decodes one row at a time (``single_rows``: a draft) keeps them, AMX's single-row
-      kernel (AVX512-VNNI) being sound and the fastest; any other keeps its weights out of AMX.
-      SPECRUN_ALLOW_AMX=1 leaves AMX alone, for a llama.cpp where this is fixed.
+    - AMX (Sapphire Rapids and later): llama.cpp puts quantized weights in AMX buffers. Built
+      as patches/ builds it, AMX is sound and row-exact (``AMX_TYPES``) and its single rows are
+      the fastest kernel there is for those types (SmolLM2 Q8_0 at position 200: 6.8 ms a row
+      against 12.5 ms in plain buffers; a 5-row pass 11.3 against 23.1 ms): every model keeps it.
+      Where the batch kernel would crash (``amx_batches_sound`` false) a model that decodes one
+      row at a time (``single_rows``: a draft) keeps AMX, its single-row kernel being sound, and
+      any other keeps its weights out of AMX.
     - Row exactness (``exact``: a target, whose verify passes must score each row as decoding it
       alone would): only the types whose repacked kernels are row-exact (``row_exact_repack``)
       are repacked; upstream's Q4_K kernels compute a batch in groups of four rows with another
       summation than a single row.
 
-    Extra buffer types are then turned off and the layer matrices that may be repacked are put
-    back in CPU_REPACK by name (rows in eights, as llama.cpp's x86 repacking needs).
+    Where llama.cpp's own placement would break either, extra buffer types are turned off and
+    the layer matrices that may go there are put back by name: in AMX (where sound) or in
+    CPU_REPACK (rows in eights, as llama.cpp's x86 repacking needs).
     """
     bufts = cpu_extra_buffer_types()
-    amx = "AMX" in bufts and os.environ.get(AMX_OPT_IN) != "1" and not single_rows
-    if not amx and not exact:
+    amx_ok = "AMX" in bufts and amx_batches_sound()
+    amx_bad = "AMX" in bufts and not amx_ok and not single_rows
+    if not amx_bad and not exact:
         return None
     if offloads:
         # Layers go to GPUs or RPC workers too: the ones left on the CPU keep plain buffers
         # (patterns by layer would also catch the offloaded ones).
-        if amx or exact:
-            mparams.use_extra_bufts = False
+        mparams.use_extra_bufts = False
         return None
     from specrun.llama.gguf import validate_gguf
 
@@ -107,23 +134,32 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
         return None  # llama.cpp reports what is wrong with the file
     allowed = row_exact_repack() if exact else ("Q4_0", "Q4_K")
     repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
-    types = {tname for _name, tname, _rows in info.layer_matrices}
-    if not amx and not (types & repackable) - set(allowed):
-        return None  # nothing llama.cpp would put where a batch parts from a single row
-    mparams.use_extra_bufts = False
-    repack = bufts.get("CPU_REPACK")
-    if repack is None:
+
+    def place(tname: str, rows: int, cols: int) -> str | None:
+        if amx_ok and _amx_fits(tname, rows, cols):
+            return "AMX"
+        if tname in allowed and rows % 8 == 0:
+            return "CPU_REPACK"
         return None
-    layers_by_suffix: dict[str, list[str]] = {}
-    for name, tname, rows in info.layer_matrices:
+
+    # llama.cpp's own placement, AMX first where it fits, else CPU_REPACK where it repacks:
+    # kept where it puts nothing where a batch would crash or part from a single row.
+    if not amx_bad and all(
+        t not in repackable or place(t, r, c) is not None for _n, t, r, c in info.layer_matrices
+    ):
+        return None
+    mparams.use_extra_bufts = False
+    by_place: dict[tuple[str, str], list[str]] = {}
+    for name, tname, rows, cols in info.layer_matrices:
         m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        if m and tname in allowed and rows % 8 == 0:
-            layers_by_suffix.setdefault(m.group(2), []).append(m.group(1))
-    if not layers_by_suffix:
+        where = place(tname, rows, cols)
+        if m and where is not None and where in bufts:
+            by_place.setdefault((where, m.group(2)), []).append(m.group(1))
+    if not by_place:
         return None
     entries = [
-        _BuftOverride(f"^blk\\.({'|'.join(layers)})\\.{re.escape(suffix)}$".encode(), repack)
-        for suffix, layers in layers_by_suffix.items()
+        _BuftOverride(f"^blk\\.({'|'.join(layers)})\\.{re.escape(suffix)}$".encode(), bufts[where])
+        for (where, suffix), layers in by_place.items()
     ]
     arr = (_BuftOverride * (len(entries) + 1))(*entries, _BuftOverride(None, None))
     mparams.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)

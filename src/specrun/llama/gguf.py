@@ -192,8 +192,8 @@ class GGUFInfo:
     file_size: int
     # Bytes of the repeating layers' matrices (blk.*, 2-D) per ggml type name (with check_tensors).
     layer_bytes_by_type: dict[str, int] = field(default_factory=dict, hash=False)
-    # The repeating layers' matrices: (name, ggml type name, rows), in file order.
-    layer_matrices: list[tuple[str, str, int]] = field(default_factory=list, hash=False)
+    # The repeating layers' matrices: (name, ggml type name, rows, columns), in file order.
+    layer_matrices: list[tuple[str, str, int, int]] = field(default_factory=list, hash=False)
 
     def get(self, key: str, default: object = None) -> object:
         return self.metadata.get(key, default)
@@ -656,7 +656,7 @@ def _validate(
     _check_llama_hparams(r, metadata)
 
     by_type: dict[str, int] = {}
-    matrices: list[tuple[str, str, int]] = []
+    matrices: list[tuple[str, str, int, int]] = []
 
     def result(tensor_data_offset: int) -> GGUFInfo:
         arch = metadata.get("general.architecture")
@@ -737,7 +737,7 @@ def _validate(
         nbytes = nelements // blck * tsize
         if name.startswith("blk.") and n_dims == 2:
             by_type[tname] = by_type.get(tname, 0) + nbytes
-            matrices.append((name, tname, dims[1]))
+            matrices.append((name, tname, dims[1], dims[0]))
         offset = r.u64(f"data offset of tensor {name!r}")
         tensors.append((name, nbytes, offset))
 

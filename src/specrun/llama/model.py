@@ -30,7 +30,7 @@ from specrun.llama.backend import (
     parse_load_log,
     physical_cores,
 )
-from specrun.llama.buffers import AMX_OPT_IN, weight_buffers
+from specrun.llama.buffers import amx_batches_sound, weight_buffers
 from specrun.llama.rpc import keepalive, place_devices
 
 
@@ -45,10 +45,11 @@ class LoadOptions:
     type_k: int | None = None
     type_v: int | None = None
     vocab_only: bool = False  # the vocabulary alone: no weights, no context (fast; facts only)
-    # On a CPU with AMX: keep llama.cpp's AMX weight buffers and decode one row per llama_decode
-    # (AMX's single-row kernel is sound and ~2x faster than the alternatives; its batch kernel
-    # crashes, see weight_buffers). For a draft model, which decodes one token at a time; a target
-    # verifies batches and keeps the default (weights out of AMX, batches decoded whole).
+    # On a CPU with AMX, with a llama.cpp whose AMX batch kernel crashes (built without
+    # patches/' fix, see weight_buffers): keep the AMX weight buffers and decode one row per
+    # llama_decode (AMX's single-row kernel is sound and ~2x faster than the alternatives). For a
+    # draft model, which decodes one token at a time; a target verifies batches and keeps its
+    # weights out of AMX there. With the fix every model keeps AMX and decodes batches whole.
     amx_rows: bool = False
     n_outputs_max: int = 0  # most rows of logits in one decode (0 = n_batch, llama.cpp's default)
     # Weights only in buffers whose kernels score a row in a batch as they score it alone
@@ -139,11 +140,11 @@ class Model:
         self.load_seconds = time.perf_counter() - t0
         if opts.rpc and not opts.vocab_only:
             keepalive(opts.rpc)
-        # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on: every decode
-        # goes one row at a time (see LoadOptions.amx_rows).
+        # Weights in AMX buffers that llama.cpp's AMX batch kernel would crash on (a build
+        # without patches/' fix): every decode goes one row at a time (LoadOptions.amx_rows).
         self.single_rows = (
             opts.amx_rows
-            and os.environ.get(AMX_OPT_IN) != "1"
+            and not amx_batches_sound()
             and "AMX" in self.load_report.get("weight_buffers", ())
         )
         # The softmax top probability of a row of logits in C (llama/native.py), None where this

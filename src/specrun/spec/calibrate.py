@@ -60,6 +60,8 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
         str(cp.get("flash_attn")),
         str(cp.get("type_k")),
         str(model.single_rows),
+        # Where the weights are (AMX, CPU_REPACK, plain): a pass's cost follows the kernels.
+        ",".join(getattr(model, "load_report", {}).get("weight_buffers", ())),
         ",".join(map(str, sizes)),
     ]
     if cp.get("rpc"):  # layers on RPC workers: every pass pays their round trips
