@@ -19,7 +19,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import SMOL_DRAFT, THREADS, assert_rows_exact
+from conftest import DEFAULT_TARGET, SMOL_DRAFT, THREADS, assert_rows_exact
 
 from specrun.llama import buffers
 from specrun.llama import model as model_mod
@@ -144,6 +144,20 @@ def test_placement_on_an_amx_cpu(model_path, monkeypatch, sound):
     assert len(layers["\\.attn_v\\.weight$"]) == 14  # the Q8_0 ones (the rest Q5_0)
     assert {"0", "1", "2", "5"} <= layers["\\.ffn_down\\.weight$"]  # Q6_K's
     assert not {"3", "4"} & layers["\\.ffn_down\\.weight$"]  # Q4_K's: plain
+
+
+@pytest.mark.parametrize("sound", [True, False])
+def test_f16_weights_stay_out_of_amx(model_path, monkeypatch, sound):
+    """llama.cpp would put F16 layer matrices in AMX too, whose F16 kernel (no tiles) costs a
+    5-row pass 1.9 rows where plain buffers cost 1.2: no model, target or draft, keeps them
+    there (extra buffer types off, nothing put back by name)."""
+    monkeypatch.setattr(buffers, "cpu_extra_buffer_types", lambda: {"AMX": 11, "CPU_REPACK": 22})
+    monkeypatch.setattr(buffers, "amx_batches_sound", lambda: sound)
+    path = model_path(DEFAULT_TARGET)
+    for single_rows, exact in ((False, True), (True, False)):
+        p = _Params()
+        buffers.weight_buffers(path, p, False, single_rows, exact)
+        assert p.use_extra_bufts is False and not _overrides(p)
 
 
 @needs_amx

@@ -75,7 +75,7 @@ def row_exact_repack() -> tuple[str, ...]:
 # row gets the same result alone and in a batch, bit for bit (tests/test_row_exact_formats.py
 # and test_amx_rows.py on an AMX CPU; each of these in batches of 2 to 16).
 AMX_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
-_AMX_ROW_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32}  # the others: one super block, 256
+_AMX_ROW_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "F16": 16}  # the others: a super block, 256
 AMX_FIXED = "SPECRUN_AMX_TILECFG = 1"
 
 
@@ -89,10 +89,22 @@ def amx_batches_sound() -> bool:
     return AMX_FIXED in system_info() or os.environ.get(AMX_OPT_IN) == "1"
 
 
+def _amx_takes(tname: str, rows: int, cols: int) -> bool:
+    """Whether llama.cpp's AMX buffer takes a matrix (its supports_op): a type it has kernels
+    for, or F16; rows in pairs of 16-row tiles; a row a whole number of blocks."""
+    return (
+        (tname in AMX_TYPES or tname == "F16")
+        and rows % 32 == 0
+        and cols % _AMX_ROW_BLOCK.get(tname, 256) == 0
+    )
+
+
 def _amx_fits(tname: str, rows: int, cols: int) -> bool:
-    """Whether llama.cpp's AMX buffer takes a matrix (its supports_op: a type it has kernels for,
-    rows in pairs of 16-row tiles, a row a whole number of blocks)."""
-    return tname in AMX_TYPES and rows % 32 == 0 and cols % _AMX_ROW_BLOCK.get(tname, 256) == 0
+    """Whether a matrix belongs in AMX: a quantized type AMX takes. Not F16, which llama.cpp
+    would put there too: AMX's F16 kernel (plain AVX-512 FMAs, no tiles) made SmolLM2 F16's
+    passes of 5 and 9 rows cost 1.9 and 3.0 rows (1.2 and 1.8 in plain buffers, whose F16
+    kernel patches/ makes row-exact over several columns)."""
+    return tname in AMX_TYPES and _amx_takes(tname, rows, cols)
 
 
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
@@ -117,14 +129,17 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
     CPU_REPACK (rows in eights, as llama.cpp's x86 repacking needs).
     """
     bufts = cpu_extra_buffer_types()
-    amx_ok = "AMX" in bufts and amx_batches_sound()
-    amx_bad = "AMX" in bufts and not amx_ok and not single_rows
-    if not amx_bad and not exact:
+    has_amx = "AMX" in bufts
+    # AMX may hold this model's weights: its batch kernel is sound, or the model never batches.
+    amx_use = has_amx and (single_rows or amx_batches_sound())
+    amx_bad = has_amx and not amx_use
+    if not has_amx and not exact:
         return None
     if offloads:
         # Layers go to GPUs or RPC workers too: the ones left on the CPU keep plain buffers
         # (patterns by layer would also catch the offloaded ones).
-        mparams.use_extra_bufts = False
+        if amx_bad or exact:
+            mparams.use_extra_bufts = False
         return None
     from specrun.llama.gguf import validate_gguf
 
@@ -136,17 +151,20 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
     repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
 
     def place(tname: str, rows: int, cols: int) -> str | None:
-        if amx_ok and _amx_fits(tname, rows, cols):
+        if amx_use and _amx_fits(tname, rows, cols):
             return "AMX"
         if tname in allowed and rows % 8 == 0:
             return "CPU_REPACK"
         return None
 
-    # llama.cpp's own placement, AMX first where it fits, else CPU_REPACK where it repacks:
-    # kept where it puts nothing where a batch would crash or part from a single row.
-    if not amx_bad and all(
-        t not in repackable or place(t, r, c) is not None for _n, t, r, c in info.layer_matrices
-    ):
+    def stands(tname: str, rows: int, cols: int) -> bool:
+        """llama.cpp's own placement of a matrix (AMX first where it takes it, else CPU_REPACK
+        where it repacks) is the one wanted."""
+        if has_amx and _amx_takes(tname, rows, cols):
+            return amx_use and _amx_fits(tname, rows, cols)
+        return not exact or tname not in repackable or place(tname, rows, cols) is not None
+
+    if not amx_bad and all(stands(t, r, c) for _n, t, r, c in info.layer_matrices):
         return None
     mparams.use_extra_bufts = False
     by_place: dict[tuple[str, str], list[str]] = {}
