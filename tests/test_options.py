@@ -201,6 +201,8 @@ def test_info_reports_build_machine_and_pair():
     assert b["graphs_per_batch_size"] == 17, b["system_info"]
     # ... and --draft-p-min's check in C (specrun_top_prob), whatever the CPU
     assert b["top_prob_in_c"] is True
+    # ... and, on a CPU with AMX, the AMX tile config loaded whole (its batch kernel sound)
+    assert b["amx"] == ("sound" if "AMX_INT8 = 1" in b["system_info"] else None), b
     # BF16: with AVX512-BF16, or AVX2 without AVX-512 (AVX-512 alone sums a BF16 row another way)
     sysinfo = b["system_info"]
     if "AVX512_BF16 = 1" in sysinfo or (

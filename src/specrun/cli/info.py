@@ -69,8 +69,19 @@ def build_info() -> dict[str, Any]:
         "flash_attn_block": runtime.flash_attn_block(),
         # patches/: --draft-p-min's check (a row's top softmax probability) in C, not numpy
         "top_prob_in_c": native.top_prob() is not None,
+        # AMX weight buffers: None (none here), "sound" (its batch kernel runs: patches/ or
+        # SPECRUN_ALLOW_AMX=1) or "single rows" (it would crash: drafts decode row by row)
+        "amx": _amx_state(),
         "devices": [d.__dict__ for d in devs],
     }
+
+
+def _amx_state() -> str | None:
+    from specrun.llama.buffers import amx_batches_sound, cpu_extra_buffer_types
+
+    if "AMX" not in cpu_extra_buffer_types():
+        return None
+    return "sound" if amx_batches_sound() else "single rows"
 
 
 def _model_facts(
@@ -235,6 +246,21 @@ def render_text(
             "each row as alone (patches/)"
             if b.get("flash_attn_block")
             else "llama.cpp's CPU attention loop (a cell at a time)"
+        ),
+        *(
+            [
+                "amx       "
+                + (
+                    "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS layer matrices in AMX buffers, "
+                    "batches and single rows row-exact (the tile config loaded whole, patches/)"
+                    if b["amx"] == "sound"
+                    else "this build's AMX batch kernel crashes (ggml-org/llama.cpp#20824): a "
+                    "draft decodes in AMX one row at a time, a target keeps out of AMX "
+                    "(make install's build fixes it)"
+                )
+            ]
+            if b.get("amx")
+            else []
         ),
         "p-min     "
         + (
