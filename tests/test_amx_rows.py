@@ -221,3 +221,19 @@ def test_single_rows_follow_the_build(model_path, monkeypatch):
         assert d.single_rows is ("AMX" in d.load_report["weight_buffers"])
     finally:
         d.close()
+
+
+def test_the_user_has_the_last_word_on_amx(monkeypatch):
+    """SPECRUN_ALLOW_AMX=1 / 0 say the build's AMX batch kernel is / is not sound, whatever the
+    build reports; unset, the build's flag (patches/) decides."""
+    monkeypatch.setattr(buffers, "system_info", lambda: "AMX_INT8 = 1 | SPECRUN_AMX_TILECFG = 1 |")
+    monkeypatch.delenv("SPECRUN_ALLOW_AMX", raising=False)
+    assert buffers.amx_batches_sound() is True
+    monkeypatch.setenv("SPECRUN_ALLOW_AMX", "0")
+    assert buffers.amx_batches_sound() is False
+    monkeypatch.setattr(buffers, "system_info", lambda: "AMX_INT8 = 1 |")
+    assert buffers.amx_batches_sound() is False
+    monkeypatch.setenv("SPECRUN_ALLOW_AMX", "1")
+    assert buffers.amx_batches_sound() is True
+    monkeypatch.delenv("SPECRUN_ALLOW_AMX")
+    assert buffers.amx_batches_sound() is False

@@ -13,6 +13,7 @@ import pytest
 from conftest import GEMMA_DRAFT, GEMMA_TARGET, SMOL_DRAFT, SMOL_TARGET, SPECRUN, THREADS
 
 from specrun.errors import ModelError
+from specrun.llama.buffers import amx_holds_weights
 from specrun.llama.gguf import validate_gguf
 from specrun.llama.model import LoadOptions, Model
 from specrun.models import memory
@@ -32,7 +33,10 @@ def test_estimate_matches_llama_cpp_buffers(model_path, name, n_ctx, type_k, typ
     if role == "draft" and n_ctx != 512:
         pytest.skip("one context suffices for the draft placement")
     path = model_path(name)
-    shape = ModelShape.from_gguf(validate_gguf(path), target=role == "target")
+    # Loaded below without amx_rows: on an AMX CPU, in AMX only where its batch kernel is sound.
+    shape = ModelShape.from_gguf(
+        validate_gguf(path), target=role == "target", amx=amx_holds_weights(False)
+    )
     p = Placement(
         n_ctx=n_ctx, n_ubatch=256, type_k=type_k, type_v=type_v, flash_attn=flash, n_outputs=65
     )
@@ -219,3 +223,20 @@ def test_q4_k_is_repacked_for_a_target_only_where_the_build_says_so(monkeypatch)
         buffers, "system_info", lambda: "CPU : AVX2 = 1 | SPECRUN_Q4_K_REPACK = 1 | REPACK = 1 |"
     )
     assert buffers.row_exact_repack() == ("Q4_0", "Q4_K")
+
+
+def test_amx_copies_are_counted(model_path):
+    """Whatever this CPU: with AMX holding weights, the estimate counts its packed copies of the
+    layer matrices it takes (Q4_0: the file's bytes; Q8_0: 4 more a block) and of the output
+    projection (SmolLM2's tied Q8_0 token_embd), as llama.cpp's "AMX model buffer" reports them
+    on an AMX CPU (89.02 MiB for this file); F16 stays out of AMX, so nothing is copied."""
+    info = validate_gguf(model_path(SMOL_DRAFT))
+    assert info.output_matrix == ("Q8_0", 49152, 576)
+    layers = info.layer_bytes_by_type["Q4_0"]
+    assert ModelShape.from_gguf(info, target=True, amx=True).repack_bytes == (
+        layers + 49152 * (576 // 32) * (34 + 4)
+    )
+    assert round(ModelShape.from_gguf(info, amx=True).repack_bytes / MIB, 2) == 89.02
+    assert ModelShape.from_gguf(info, target=True, amx=False).repack_bytes == layers
+    f16 = validate_gguf(model_path("smollm2-135m-instruct-f16"))
+    assert ModelShape.from_gguf(f16, target=True, amx=True).repack_bytes == 0

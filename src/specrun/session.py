@@ -153,7 +153,9 @@ class ModelOptions:
             type_k=cache_type_id(type_k, "--cache-type-k"),
             type_v=type_v_id,
             n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
-            amx_rows=draft,  # a draft decodes one token at a time: AMX's fast single-row kernel
+            # A draft decodes one token at a time: it keeps AMX's fast single-row kernel even
+            # where the build's AMX batch kernel would crash (then one row a decode).
+            amx_rows=draft,
             rpc=rpc,
             tensor_split=() if draft else self.tensor_split_shares(),
         )
@@ -261,6 +263,7 @@ def memory_plan(
 ) -> tuple[list[Any], list[str]]:
     """The memory each model of the plan will take where, decided before loading (or refused)."""
     from specrun.llama.backend import gpu_free_memory
+    from specrun.llama.buffers import amx_holds_weights
     from specrun.llama.rpc import worker_free_memory
     from specrun.models import memory
 
@@ -282,7 +285,15 @@ def memory_plan(
         ngl = opts.ngl_draft if is_draft else opts.ngl
         flag = "--ngl-draft" if is_draft else "--ngl"
         items.append(
-            (r.name, memory.ModelShape.from_gguf(info, target=not is_draft), placement, ngl, flag)
+            (
+                r.name,
+                memory.ModelShape.from_gguf(
+                    info, target=not is_draft, amx=amx_holds_weights(single_rows=is_draft)
+                ),
+                placement,
+                ngl,
+                flag,
+            )
         )
     local = gpu_free_memory()
     if not opts.rpc:

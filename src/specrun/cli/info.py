@@ -119,6 +119,7 @@ def _model_facts(
 def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     """Sizes, estimate and compatibility for the model or pair the options name (nothing pulled)."""
     from specrun import session as loader
+    from specrun.llama.buffers import amx_holds_weights
     from specrun.llama.model import LoadOptions, Model
     from specrun.models import compat
     from specrun.models.memory import ModelShape, host_memory
@@ -150,7 +151,7 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
                 r.name,
                 r.path,
                 info,
-                ModelShape.from_gguf(info, target=i == 0),
+                ModelShape.from_gguf(info, target=i == 0, amx=amx_holds_weights(i > 0)),
                 pl,
                 opts,
             )

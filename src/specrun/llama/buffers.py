@@ -85,8 +85,12 @@ def amx_batches_sound() -> bool:
     it is fixed otherwise). Upstream's ``_tile_loadconfig(&tc)`` under GCC 12 (whose intrinsic
     names only a pointer's 8 bytes of the configuration as its input) had the configuration's
     stores dropped as dead: the first batched AMX matmul raised SIGILL or SIGSEGV, by what the
-    stack held (ggml-org/llama.cpp#20824)."""
-    return AMX_FIXED in system_info() or os.environ.get(AMX_OPT_IN) == "1"
+    stack held (ggml-org/llama.cpp#20824). SPECRUN_ALLOW_AMX=0 says it is not (targets then keep
+    out of AMX and drafts decode in it row by row, as without the fix)."""
+    said = os.environ.get(AMX_OPT_IN)
+    if said in ("0", "1"):
+        return said == "1"
+    return AMX_FIXED in system_info()
 
 
 def _amx_takes(tname: str, rows: int, cols: int) -> bool:
@@ -105,6 +109,25 @@ def _amx_fits(tname: str, rows: int, cols: int) -> bool:
     passes of 5 and 9 rows cost 1.9 and 3.0 rows (1.2 and 1.8 in plain buffers, whose F16
     kernel patches/ makes row-exact over several columns)."""
     return tname in AMX_TYPES and _amx_takes(tname, rows, cols)
+
+
+# Bytes AMX's packed layout adds per block to the type's own: Q8_0's int8 compensation sums,
+# Q4_K's and Q5_K's unpacked scales, IQ4_XS's (ggml-cpu/amx/mmq.cpp, get_row_size).
+_AMX_EXTRA = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}
+
+
+def amx_bytes(tname: str, rows: int, cols: int) -> int:
+    """What AMX's copy of a matrix takes (its packed layout, beside the mapped file)."""
+    from specrun.llama.gguf import GGML_TYPES
+
+    blck, tsize = next((b, t) for n, b, t in GGML_TYPES.values() if n == tname)
+    return rows * (cols // blck) * (tsize + _AMX_EXTRA.get(tname, 0))
+
+
+def amx_holds_weights(single_rows: bool) -> bool:
+    """Whether a model loaded here (``single_rows``: as a draft is, LoadOptions.amx_rows) gets
+    weights in AMX buffers: the CPU offers them and the batch kernel is sound or never run."""
+    return "AMX" in cpu_extra_buffer_types() and (single_rows or amx_batches_sound())
 
 
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:

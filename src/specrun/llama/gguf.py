@@ -194,6 +194,9 @@ class GGUFInfo:
     layer_bytes_by_type: dict[str, int] = field(default_factory=dict, hash=False)
     # The repeating layers' matrices: (name, ggml type name, rows, columns), in file order.
     layer_matrices: list[tuple[str, str, int, int]] = field(default_factory=list, hash=False)
+    # The output projection's matrix (output.weight, else the tied token_embd.weight): (ggml type
+    # name, rows, columns); None without check_tensors or without either tensor.
+    output_matrix: tuple[str, int, int] | None = field(default=None, hash=False)
 
     def get(self, key: str, default: object = None) -> object:
         return self.metadata.get(key, default)
@@ -657,6 +660,7 @@ def _validate(
 
     by_type: dict[str, int] = {}
     matrices: list[tuple[str, str, int, int]] = []
+    outputs: dict[str, tuple[str, int, int]] = {}
 
     def result(tensor_data_offset: int) -> GGUFInfo:
         arch = metadata.get("general.architecture")
@@ -674,6 +678,7 @@ def _validate(
             file_size=size,
             layer_bytes_by_type=by_type,
             layer_matrices=matrices,
+            output_matrix=outputs.get("output.weight") or outputs.get("token_embd.weight"),
         )
 
     if not check_tensors:
@@ -738,6 +743,8 @@ def _validate(
         if name.startswith("blk.") and n_dims == 2:
             by_type[tname] = by_type.get(tname, 0) + nbytes
             matrices.append((name, tname, dims[1], dims[0]))
+        elif n_dims == 2 and name in ("output.weight", "token_embd.weight"):
+            outputs[name] = (tname, dims[1], dims[0])
         offset = r.u64(f"data offset of tensor {name!r}")
         tensors.append((name, nbytes, offset))
 

@@ -40,6 +40,35 @@ GIB = 1024**3
 MIB = 1024**2
 
 
+def _matrix_bytes(tname: str, rows: int, cols: int) -> int:
+    from specrun.llama.gguf import GGML_TYPES
+
+    blck, tsize = next((b, t) for n, b, t in GGML_TYPES.values() if n == tname)
+    return rows * (cols // blck) * tsize
+
+
+def _copied_bytes(info: GGUFInfo, target: bool, amx: bool) -> int:
+    """Weight bytes the CPU backend copies beside the mapped file: repacked layer matrices
+    (CPU_REPACK) and, with ``amx``, AMX's packed ones."""
+    repacked = TARGET_REPACKED_TYPES if target else REPACKED_TYPES
+    if not amx:
+        return sum(info.layer_bytes_by_type.get(t, 0) for t in repacked)
+    from specrun.llama.buffers import _amx_fits, _amx_takes, amx_bytes
+
+    total, stands = 0, True
+    for _name, t, rows, cols in info.layer_matrices:
+        if _amx_fits(t, rows, cols):
+            total += amx_bytes(t, rows, cols)
+        elif t in repacked:
+            total += _matrix_bytes(t, rows, cols)
+        if _amx_takes(t, rows, cols) and not _amx_fits(t, rows, cols):
+            stands = False  # F16: placed by name, the output projection with the file
+    out = info.output_matrix
+    if stands and out is not None and _amx_fits(*out):
+        total += amx_bytes(*out)
+    return total
+
+
 def cache_type_id(name: str, flag: str) -> int:
     key = name.lower()
     if key not in CACHE_TYPES:
@@ -95,9 +124,11 @@ class ModelShape:
     repack_bytes: int = 0
 
     @classmethod
-    def from_gguf(cls, info: GGUFInfo, target: bool = True) -> ModelShape:
+    def from_gguf(cls, info: GGUFInfo, target: bool = True, amx: bool = False) -> ModelShape:
         """``target``: placed as a target is (runtime._weight_buffers: only row-exact repacking);
-        False for a draft, which llama.cpp repacks as it likes."""
+        False for a draft, which llama.cpp repacks as it likes. ``amx``: the CPU keeps copies of
+        the matrices AMX takes in its packed layout (buffers.amx_holds_weights), the output
+        projection's too where llama.cpp's own placement stands (weight_buffers)."""
         arch = info.architecture or "?"
         a = arch + "."
         n_layer = _int(info.get(a + "block_count"))
@@ -137,10 +168,7 @@ class ModelShape:
             kv_width=tuple(h * (k_len + v_len) for h in heads_kv),
             weight_bytes=data,
             file_bytes=info.file_size,
-            repack_bytes=sum(
-                info.layer_bytes_by_type.get(t, 0)
-                for t in (TARGET_REPACKED_TYPES if target else REPACKED_TYPES)
-            ),
+            repack_bytes=_copied_bytes(info, target, amx),
         )
 
     def kv_bytes(
