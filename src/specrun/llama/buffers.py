@@ -138,7 +138,7 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
     - AMX (Sapphire Rapids and later): llama.cpp puts quantized weights in AMX buffers. Built
       as patches/ builds it, AMX is sound and row-exact (``AMX_TYPES``) and its single rows are
       the fastest kernel there is for those types (SmolLM2 Q8_0 at position 200: 6.8 ms a row
-      against 12.5 ms in plain buffers; a 5-row pass 11.3 against 23.1 ms): every model keeps it.
+      against 12.5 ms in plain buffers; a 5-row pass 11.1 against 23.2 ms): every model keeps it.
       Where the batch kernel would crash (``amx_batches_sound`` false) a model that decodes one
       row at a time (``single_rows``: a draft) keeps AMX, its single-row kernel being sound, and
       any other keeps its weights out of AMX.
