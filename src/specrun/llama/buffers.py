@@ -118,16 +118,43 @@ _AMX_EXTRA = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}
 
 def amx_bytes(tname: str, rows: int, cols: int) -> int:
     """What AMX's copy of a matrix takes (its packed layout, beside the mapped file)."""
-    from specrun.llama.gguf import GGML_TYPES
+    from specrun.llama.gguf import matrix_bytes
 
-    blck, tsize = next((b, t) for n, b, t in GGML_TYPES.values() if n == tname)
-    return rows * (cols // blck) * (tsize + _AMX_EXTRA.get(tname, 0))
+    return matrix_bytes(tname, rows, cols, _AMX_EXTRA.get(tname, 0))
 
 
 def amx_holds_weights(single_rows: bool) -> bool:
     """Whether a model loaded here (``single_rows``: as a draft is, LoadOptions.amx_rows) gets
     weights in AMX buffers: the CPU offers them and the batch kernel is sound or never run."""
     return "AMX" in cpu_extra_buffer_types() and (single_rows or amx_batches_sound())
+
+
+def layer_placement(
+    matrices: list[tuple[str, str, int, int]], exact: bool, has_amx: bool, amx_use: bool
+) -> tuple[bool, list[str | None]]:
+    """Where weight_buffers wants each layer matrix (name, type, rows, columns): whether
+    llama.cpp's own placement (AMX first where it takes a matrix, else CPU_REPACK where it
+    repacks) is that, and per matrix "AMX", "CPU_REPACK" or None (plain), for placing by name.
+    ``amx_use``: AMX may hold the weights (amx_holds_weights); ``exact``: a target."""
+    allowed = row_exact_repack() if exact else ("Q4_0", "Q4_K")
+    repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
+
+    def place(tname: str, rows: int, cols: int) -> str | None:
+        if amx_use and _amx_fits(tname, rows, cols):
+            return "AMX"
+        if tname in allowed and rows % 8 == 0:
+            return "CPU_REPACK"
+        return None
+
+    def stands(tname: str, rows: int, cols: int) -> bool:
+        if has_amx and _amx_takes(tname, rows, cols):
+            return amx_use and _amx_fits(tname, rows, cols)
+        return not exact or tname not in repackable or place(tname, rows, cols) is not None
+
+    return (
+        all(stands(t, r, c) for _n, t, r, c in matrices),
+        [place(t, r, c) for _n, t, r, c in matrices],
+    )
 
 
 def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, exact: bool) -> Any:
@@ -170,30 +197,13 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
         info = validate_gguf(path, check_tensors=True)
     except SpecrunError:
         return None  # llama.cpp reports what is wrong with the file
-    allowed = row_exact_repack() if exact else ("Q4_0", "Q4_K")
-    repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
-
-    def place(tname: str, rows: int, cols: int) -> str | None:
-        if amx_use and _amx_fits(tname, rows, cols):
-            return "AMX"
-        if tname in allowed and rows % 8 == 0:
-            return "CPU_REPACK"
-        return None
-
-    def stands(tname: str, rows: int, cols: int) -> bool:
-        """llama.cpp's own placement of a matrix (AMX first where it takes it, else CPU_REPACK
-        where it repacks) is the one wanted."""
-        if has_amx and _amx_takes(tname, rows, cols):
-            return amx_use and _amx_fits(tname, rows, cols)
-        return not exact or tname not in repackable or place(tname, rows, cols) is not None
-
-    if not amx_bad and all(stands(t, r, c) for _n, t, r, c in info.layer_matrices):
+    stands, wheres = layer_placement(info.layer_matrices, exact, has_amx, amx_use)
+    if not amx_bad and stands:
         return None
     mparams.use_extra_bufts = False
     by_place: dict[tuple[str, str], list[str]] = {}
-    for name, tname, rows, cols in info.layer_matrices:
+    for (name, _t, _r, _c), where in zip(info.layer_matrices, wheres, strict=True):
         m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        where = place(tname, rows, cols)
         if m and where is not None and where in bufts:
             by_place.setdefault((where, m.group(2)), []).append(m.group(1))
     if not by_place:

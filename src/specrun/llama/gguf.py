@@ -144,6 +144,15 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     41: ("Q1_0", 128, 2 + 16),
     42: ("Q2_0", 64, 2 + 16),
 }
+
+
+def matrix_bytes(tname: str, rows: int, cols: int, extra_per_block: int = 0) -> int:
+    """The bytes of a ``rows`` x ``cols`` matrix of a ggml type (``extra_per_block``: what a
+    repacked layout adds to each block)."""
+    blck, tsize = next((b, t) for n, b, t in GGML_TYPES.values() if n == tname)
+    return rows * (cols // blck) * (tsize + extra_per_block)
+
+
 # Ids that once existed and that llama.cpp no longer loads from files (blck_size 0 in ggml.c).
 _REMOVED_GGML_TYPES = {
     4: "Q4_2",

@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from specrun.errors import ModelError, UsageError
-from specrun.llama.gguf import GGUFInfo, OmittedValue
+from specrun.llama.gguf import GGUFInfo, OmittedValue, matrix_bytes
 
 # llama.cpp's KV cache types (ggml type id, bytes per block, elements per block): `--cache-type-k`.
 CACHE_TYPES: dict[str, tuple[int, int, int]] = {
@@ -40,30 +40,22 @@ GIB = 1024**3
 MIB = 1024**2
 
 
-def _matrix_bytes(tname: str, rows: int, cols: int) -> int:
-    from specrun.llama.gguf import GGML_TYPES
-
-    blck, tsize = next((b, t) for n, b, t in GGML_TYPES.values() if n == tname)
-    return rows * (cols // blck) * tsize
-
-
 def _copied_bytes(info: GGUFInfo, target: bool, amx: bool) -> int:
     """Weight bytes the CPU backend copies beside the mapped file: repacked layer matrices
-    (CPU_REPACK) and, with ``amx``, AMX's packed ones."""
+    (CPU_REPACK) and, with ``amx``, AMX's packed ones, as buffers.weight_buffers places them."""
     repacked = TARGET_REPACKED_TYPES if target else REPACKED_TYPES
     if not amx:
         return sum(info.layer_bytes_by_type.get(t, 0) for t in repacked)
-    from specrun.llama.buffers import _amx_fits, _amx_takes, amx_bytes
+    from specrun.llama.buffers import _amx_fits, amx_bytes, layer_placement
 
-    total, stands = 0, True
-    for _name, t, rows, cols in info.layer_matrices:
-        if _amx_fits(t, rows, cols):
+    stands, wheres = layer_placement(info.layer_matrices, target, True, True)
+    total = 0
+    for (_n, t, rows, cols), where in zip(info.layer_matrices, wheres, strict=True):
+        if where == "AMX":
             total += amx_bytes(t, rows, cols)
-        elif t in repacked:
-            total += _matrix_bytes(t, rows, cols)
-        if _amx_takes(t, rows, cols) and not _amx_fits(t, rows, cols):
-            stands = False  # F16: placed by name, the output projection with the file
-    out = info.output_matrix
+        elif (t in repacked) if stands else where == "CPU_REPACK":
+            total += matrix_bytes(t, rows, cols)
+    out = info.output_matrix  # llama.cpp's own placement puts it in AMX too, where AMX takes it
     if stands and out is not None and _amx_fits(*out):
         total += amx_bytes(*out)
     return total
