@@ -613,6 +613,75 @@ def test_the_targets_confidence_is_not_asked_where_no_draft_could_pay():
     assert cheap.confidence_p() == 0.6
 
 
+def test_a_draft_that_can_neither_be_chosen_nor_retried_is_not_priced():
+    """A perfect draft beats the margin but not the re-try bar (a Q8_0 target beside a Q4_0
+    draft with AMX): no re-try can run it, and its acceptance estimate (the prior's, moved only
+    by running it) does not pay either, so auto neither prices it nor reads the target's
+    sureness. Once that estimate would pay (a draft right every time), both resume."""
+    rng = np.random.default_rng(29)
+    model = ShyDraftModel(np.random.default_rng(30))
+    policy = AutoPolicy(8, None, model)
+    policy.calibrate({1: 0.006, 2: 0.0086, 3: 0.0091, 5: 0.0101, 9: 0.0135}, 0.0045)
+    v = policy.costs.verify_cost()
+    perfect = costmodel.perfect_best(policy._draft_c(), v, 8)
+    assert PRIORS.margin < perfect < PRIORS.probe_bar
+    priced = []
+    policy._draft_best = lambda *a, **k: priced.append(1) or (0, 1.0)
+    for _ in range(50):
+        assert policy.draft([0] * 10, 8, SamplingParams(), rng, True)[0] == "none"
+        assert policy.confidence_p() == 0.0
+        policy.observe(StepReport("none", 0, 0, 0.0, 0.006))
+    assert not priced
+    for _ in range(30):
+        policy._acc("draft").update(8, 8)
+    policy.draft([0] * 10, 8, SamplingParams(), rng, True)
+    assert priced and policy.confidence_p() == model.p_min
+
+
+def test_the_verify_cost_is_rebuilt_only_when_v_moves():
+    """verify_cost() is kept while V(n) stands: one-row passes scale every size alike, so the
+    same answer serves; a pass of more rows or a size first seen makes a new one, equal to what
+    a rebuild from the measurements gives."""
+    policy = AutoPolicy(4, None, FakeDraftModel())
+    policy.calibrate({1: 0.010, 3: 0.016, 9: 0.030}, 0.004)
+    costs = policy.costs
+    v = costs.verify_cost()
+    for t in (0.011, 0.012, 0.0105):
+        costs.observe_verify(1, t)
+        assert costs.verify_cost() is v
+    assert [v(n) for n in range(1, 12)] == pytest.approx(
+        [costs._verify_cost()(n) for n in range(1, 12)]
+    )
+    costs.observe_verify(3, 0.025)
+    w = costs.verify_cost()
+    assert w is not v and w(3) > v(3)
+    assert [w(n) for n in range(1, 12)] == pytest.approx(
+        [costs._verify_cost()(n) for n in range(1, 12)]
+    )
+    costs.observe_verify(2, 0.013)
+    assert costs.verify_cost() is not w and costs.verify_cost()(2) == pytest.approx(
+        costs.verify[2] / costs.verify[1]
+    )
+
+
+def test_an_acceptance_estimate_follows_its_counts_and_prior():
+    """The estimate kept between updates is the one its counts and prior give."""
+    from specrun.spec.policy import _Acceptance
+
+    acc = _Acceptance(0.5, 4)
+    first = acc.estimate()
+    assert acc.estimate() is first
+    acc.update(4, 2)
+    moved = acc.estimate()
+    assert moved is not first and moved[0] > first[0]
+    acc.prior = 0.2
+    assert acc.estimate()[3] < moved[3]
+    acc.scale(0.5)
+    fresh = _Acceptance(0.2, 4)
+    fresh.hits, fresh.tries = list(acc.hits), list(acc.tries)
+    assert acc.estimate() == pytest.approx(fresh.estimate())
+
+
 def test_the_draft_reads_the_prompt_only_where_it_may_run():
     """Where even a draft accepted whole that never stops would not clear the re-try bar at the
     measured costs, auto neither re-tries nor chooses it: its prefill is skipped (time before the

@@ -245,6 +245,9 @@ class _Acceptance:
         self.prior_n, self.shrink_n = pr.prior_n, pr.shrink_n
         self.hits = [0.0] * k
         self.tries = [0.0] * k
+        # estimate()'s answer and the prior it was made with, until the counts move (auto asks
+        # for the draft model's on every step, where it runs one step in a hundred)
+        self._est: tuple[float, list[float]] | None = None
 
     def update(self, k: int, n_accepted: int) -> None:
         keep = 1.0 - self.alpha  # every position ages with each draft, reached or not
@@ -254,6 +257,13 @@ class _Acceptance:
         for i in range(min(k, n_accepted + 1, self.k)):
             self.hits[i] += 1.0 if i < n_accepted else 0.0
             self.tries[i] += 1.0
+        self._est = None
+
+    def scale(self, w: float) -> None:
+        """Keep this share of every count (what a new request keeps of the last one's)."""
+        self.hits = [h * w for h in self.hits]
+        self.tries = [t * w for t in self.tries]
+        self._est = None
 
     def rates(self) -> list[float]:
         """Conditional acceptance per position."""
@@ -265,10 +275,14 @@ class _Acceptance:
         return out
 
     def estimate(self) -> list[float]:
+        """Cumulative acceptance per position (the list is shared: do not change it)."""
+        if self._est is not None and self._est[0] == self.prior:
+            return self._est[1]
         out, c = [], 1.0
         for r in self.rates():
             c *= r
             out.append(c)
+        self._est = (self.prior, out)
         return out
 
 
@@ -300,6 +314,15 @@ class _Costs:
     catch_up_row: float | None = None  # seconds per row of a draft catch-up of 2+ rows
     alpha: float = PRIORS.cost_alpha
     slope: float = PRIORS.verify_slope  # V(n)'s slope until two sizes are measured
+    # verify_cost()'s answer, kept while V(n) stands: a one-row pass moves every size alike
+    # (observe_verify), so only a pass of more rows, a size first seen, or seeding changes it.
+    # Rebuilt every step it was 13 us, ~0.2% of a 6 ms Q8_0 step (AMX, 2-core Intel Xeon).
+    _v: costmodel.VerifyCost | None = field(default=None, init=False, repr=False)
+
+    def seed(self, verify: dict[int, float]) -> None:
+        """Measured pass seconds by rows (a calibration), as if observed."""
+        self.verify.update(verify)
+        self._v = None
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         if rows > 1:
@@ -322,6 +345,8 @@ class _Costs:
             for r in self.verify:
                 if r != 1:
                     self.verify[r] *= scale
+        else:
+            self._v = None  # V(rows) moved, or one row was first seen
         self.verify[rows] = new
 
     def observe_draft(self, steps: int, seconds: float) -> None:
@@ -347,6 +372,11 @@ class _Costs:
 
     def verify_cost(self) -> costmodel.VerifyCost:
         """V(n) relative to one row: measured where seen, else a line through what was seen."""
+        if self._v is None:
+            self._v = self._verify_cost()
+        return self._v
+
+    def _verify_cost(self) -> costmodel.VerifyCost:
         t1 = self.t1()
         if t1 is None or t1 <= 0:
             return costmodel.linear_verify_cost(self.slope)
@@ -425,7 +455,7 @@ class AutoPolicy(Policy):
 
     def _seed_costs(self) -> None:
         verify, draft_step = self._measured
-        self.costs.verify.update(verify)
+        self.costs.seed(verify)
         if draft_step is not None and draft_step > 0:
             self.costs.draft_step = draft_step
             self.costs.draft_n = self.priors.seen_weight
@@ -444,8 +474,7 @@ class AutoPolicy(Policy):
         carry = self.priors.lookup_carry
         if carry > 0.0:
             for key, a in kept.items():
-                a.hits = [h * carry for h in a.hits]
-                a.tries = [t * carry for t in a.tries]
+                a.scale(carry)
                 self.acc[key] = a
 
     def forget_lookup(self) -> None:
@@ -510,7 +539,8 @@ class AutoPolicy(Policy):
         self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
         self._probing = False  # the last step was a probe, not the best choice
         self._declined: tuple[str, list[int]] | None = None  # lookup's proposal, not taken
-        self._draft_could_pay = True  # the last step's _perfect_draft_pays
+        self._draft_may_run_now = True  # the last step's _draft_could_run
+        self._run_memo: tuple[costmodel.VerifyCost, list[float], int, float, bool] | None = None
 
     def _acc(self, key: str) -> _Acceptance:
         a = self.acc.get(key)
@@ -538,13 +568,13 @@ class AutoPolicy(Policy):
         v = self.costs.verify_cost()
         self._since += 1
         k_model = min(k_cap, self.draft_max)  # k_cap may be lookup's longer cap
-        self._draft_could_pay = self._perfect_draft_pays(v, k_model)
-        if not self._draft_could_pay:
+        self._draft_may_run_now = self._draft_could_run(v, k_model)
+        if not self._draft_may_run_now:
             self._prev_sure = False  # sureness goes unasked: no run of it to continue
         best: tuple[float, str, int, Proposal | None] = (self.priors.margin, "none", 0, None)
         lookup_prop: Proposal | None = None
         lookup_key = "lookup"
-        if self.model is not None and self._draft_could_pay:  # else it cannot beat the margin
+        if self.model is not None and self._draft_may_run_now:  # else it cannot beat the margin
             k, s = self._draft_best(v, k_model, tokens=tokens)
             if k and s > best[0]:
                 best = (s, "draft", k, None)
@@ -591,7 +621,7 @@ class AutoPolicy(Policy):
         if (
             self.model is not None
             and key == "none"
-            and self._draft_could_pay
+            and self._draft_may_run_now
             and (self._prev_sure or self.model.p_min <= 0.0)
             and self._since >= self._probe_every
             and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar
@@ -620,14 +650,36 @@ class AutoPolicy(Policy):
         self._asked = k
         return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
 
-    def _perfect_draft_pays(self, v: costmodel.VerifyCost, k: int) -> bool:
-        """Whether a draft model accepted whole that never stopped would beat the margin: an
-        upper bound of what ``_draft_best`` can predict (acceptance, stops and a catch-up owed
-        only lower it), so where it does not, neither the draft model nor a re-try of it is
-        priced, and the target's sureness goes unread (``confidence_p``)."""
+    def _draft_could_run(self, v: costmodel.VerifyCost, k: int) -> bool:
+        """Whether the draft model can run this step, by upper bounds of what decides it: a
+        re-try needs a draft accepted whole that never stopped to clear ``probe_bar``; a choice
+        needs ``_draft_best`` to beat the margin, and that is at most what its acceptance
+        estimate would make of a draft that never stopped (stops and a catch-up owed only lower
+        it), an estimate that moves only when the draft runs. Where neither can, the draft model
+        is not priced and the target's sureness goes unread (``confidence_p``). (Gated on the
+        perfect draft beating the margin alone, a Q8_0 target with a Q4_0 draft on a 2-core
+        Intel Xeon with AMX, where a perfect draft makes 1.1-1.25x and the re-try bar is 1.3,
+        priced the draft on 2/3 of its steps and read the target's sureness on half, 50 us
+        each: ~1% of its 6 ms steps, for a draft that never ran.)"""
         if self.model is None or k <= 0:
             return False
-        return costmodel.perfect_best(self._draft_c(), v, k) > self.priors.margin
+        c = self._draft_c()
+        est = self._acc("draft").estimate()
+        memo = self._run_memo
+        # Asked every step, answered again only when an input moved: V(n) (the same object
+        # while it stands), the draft's acceptance (likewise), K, or the draft's cost by 1%.
+        if memo is not None and memo[0] is v and memo[1] is est and memo[2] == k:
+            if abs(memo[3] - c) <= 0.01 * memo[3]:
+                return memo[4]
+        perfect = costmodel.perfect_best(c, v, k)
+        if perfect > self.priors.probe_bar:
+            may = True
+        elif perfect <= self.priors.margin:
+            may = False
+        else:
+            may = costmodel.best_k(est, c, v, k)[1] > self.priors.margin
+        self._run_memo = (v, est, k, c, may)
+        return may
 
     def _lookup_prior(self, key: str) -> float:
         """The prior of a match length's acceptance: its base prior, pooled with what the other
@@ -715,11 +767,11 @@ class AutoPolicy(Policy):
 
     def confidence_p(self) -> float:
         """--draft-p-min: plain steps report the target's confidence at it. 0 (nothing to learn)
-        where the draft never stops early, and while even a draft accepted whole that never
-        stopped would not pay (the stop rates can only lower its price then, so no choice
+        where the draft never stops early, and while the draft model cannot run this step
+        (``_draft_could_run``: the stop rates can only lower its price then, so no choice
         depends on them): the check reads the whole vocabulary's logits, 0.1-0.2 ms a step, 1-2%
         of a 10-14 ms F16 step on a pair whose draft model cannot pay on this CPU."""
-        if self.model is None or not self._draft_could_pay:
+        if self.model is None or not self._draft_may_run_now:
             return 0.0
         return self.model.p_min
 
