@@ -97,7 +97,7 @@ def _overrides(params) -> list[tuple[str, int]]:
     return out
 
 
-def _no_amx_for_q4_k(tname: str, rows: int, cols: int, real=buffers._amx_fits) -> bool:
+def _no_amx_for_q4_k(tname: str, rows: int, cols: int, real=buffers.amx_fits) -> bool:
     """As if AMX could not take the Q4_K matrices (as it cannot one whose row is not a whole
     number of 256-value super blocks): the rest of a Q4_K_M file (Q6_K, Q8_0) it takes."""
     return tname != "Q4_K" and real(tname, rows, cols)
@@ -130,7 +130,7 @@ def test_placement_on_an_amx_cpu(model_path, monkeypatch, sound):
     assert keep is None and p.use_extra_bufts is True and not _overrides(p)
 
     monkeypatch.setattr(buffers, "row_exact_repack", lambda: ("Q4_0",))
-    monkeypatch.setattr(buffers, "_amx_fits", _no_amx_for_q4_k)
+    monkeypatch.setattr(buffers, "amx_fits", _no_amx_for_q4_k)
     p = _Params()
     keep = buffers.weight_buffers(path, p, False, False, True)
     assert keep is not None and p.use_extra_bufts is False
@@ -201,7 +201,7 @@ def test_amx_matrices_placed_by_name_are_row_exact(model_path, monkeypatch):
     if not buffers.amx_batches_sound():
         pytest.skip("this build's AMX batch kernel is not the fixed one (patches/)")
     monkeypatch.setattr(buffers, "row_exact_repack", lambda: ("Q4_0",))
-    monkeypatch.setattr(buffers, "_amx_fits", _no_amx_for_q4_k)
+    monkeypatch.setattr(buffers, "amx_fits", _no_amx_for_q4_k)
     m = Model(model_path(Q4_K_M), LoadOptions(n_ctx=512, n_threads=THREADS, n_outputs_max=16))
     try:
         assert "AMX" in m.load_report["weight_buffers"], m.load_report

@@ -103,7 +103,7 @@ def _amx_takes(tname: str, rows: int, cols: int) -> bool:
     )
 
 
-def _amx_fits(tname: str, rows: int, cols: int) -> bool:
+def amx_fits(tname: str, rows: int, cols: int) -> bool:
     """Whether a matrix belongs in AMX: a quantized type AMX takes. Not F16, which llama.cpp
     would put there too: AMX's F16 kernel (plain AVX-512 FMAs, no tiles) made SmolLM2 F16's
     passes of 5 and 9 rows cost 1.9 and 3.0 rows (1.2 and 1.8 in plain buffers, whose F16
@@ -140,7 +140,7 @@ def layer_placement(
     repackable = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4", "Q2_K"}
 
     def place(tname: str, rows: int, cols: int) -> str | None:
-        if amx_use and _amx_fits(tname, rows, cols):
+        if amx_use and amx_fits(tname, rows, cols):
             return "AMX"
         if tname in allowed and rows % 8 == 0:
             return "CPU_REPACK"
@@ -148,7 +148,7 @@ def layer_placement(
 
     def stands(tname: str, rows: int, cols: int) -> bool:
         if has_amx and _amx_takes(tname, rows, cols):
-            return amx_use and _amx_fits(tname, rows, cols)
+            return amx_use and amx_fits(tname, rows, cols)
         return not exact or tname not in repackable or place(tname, rows, cols) is not None
 
     return (

@@ -46,17 +46,19 @@ def _copied_bytes(info: GGUFInfo, target: bool, amx: bool) -> int:
     repacked = TARGET_REPACKED_TYPES if target else REPACKED_TYPES
     if not amx:
         return sum(info.layer_bytes_by_type.get(t, 0) for t in repacked)
-    from specrun.llama.buffers import _amx_fits, amx_bytes, layer_placement
+    from specrun.llama.buffers import amx_bytes, amx_fits, layer_placement
 
     stands, wheres = layer_placement(info.layer_matrices, target, True, True)
     total = 0
     for (_n, t, rows, cols), where in zip(info.layer_matrices, wheres, strict=True):
+        # llama.cpp's own placement repacks by type; a placement by name repacks what it names
+        repacks = t in repacked if stands else where == "CPU_REPACK"
         if where == "AMX":
             total += amx_bytes(t, rows, cols)
-        elif (t in repacked) if stands else where == "CPU_REPACK":
+        elif repacks:
             total += matrix_bytes(t, rows, cols)
     out = info.output_matrix  # llama.cpp's own placement puts it in AMX too, where AMX takes it
-    if stands and out is not None and _amx_fits(*out):
+    if stands and out is not None and amx_fits(*out):
         total += amx_bytes(*out)
     return total
 
