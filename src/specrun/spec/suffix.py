@@ -117,11 +117,14 @@ class SuffixAutomaton:
         probs: list[float] = []
         support = 0
         p = 1.0
+        if min_prob > 1.0:  # no path is that likely (a caller's floor over a share: suffix_sim)
+            return out, probs, support
         while len(out) < k:
             children = nxt[state]
             if len(children) == 1:
                 # One continuation (most steps of a long match: 16-token walks from states with
-                # one child were half of auto's walks over the builtin suite): its share is 1.
+                # one child were half of auto's walks over the builtin suite): its share is 1,
+                # the path's probability stays what it was (>= min_prob, checked above and below).
                 ((best_tok, state),) = children.items()
                 if best_tok < 0 or cnt[state] <= 0:
                     break
