@@ -27,7 +27,8 @@ else
   $(error GPU must be cuda or metal, got '$(GPU)')
 endif
 # patches/ changes the vendored llama.cpp (row-exact batched Q8_0, Q4_K, Q6_K and F16 kernels; a
-# compute graph kept per batch size; the --draft-p-min check in C): a new patch rebuilds.
+# compute graph kept per batch size; the --draft-p-min check in C; AMX's tile configuration loaded
+# whole; a few rows of Q8_0 on AMX weights by the one-row kernel): a new patch rebuilds.
 PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
 LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 

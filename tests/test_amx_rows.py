@@ -4,7 +4,8 @@ llama.cpp 0.3.36's AMX matmul has two kernels: one row (AVX512-VNNI, ~2x faster 
 repacked or plain kernels for Q4_0 and Q8_0) and 2+ rows (AMX tiles). Upstream's tiles ran with
 a garbage tile configuration under GCC 12 (SIGILL or SIGSEGV: ggml-org/llama.cpp#20824);
 patches/ loads it whole (the build reports SPECRUN_AMX_TILECFG), and every model keeps AMX, a
-target too: the two kernels agree bit for bit. Without the fix a draft keeps AMX and decodes one
+target too: the two kernels agree bit for bit. Passes of a few rows of Q8_0 / Q4_0 take the
+one-row kernel (SPECRUN_VNNI_ROWS), a third to a half cheaper than the tiles, the same sums. Without the fix a draft keeps AMX and decodes one
 row per llama_decode (LoadOptions.amx_rows, Model.single_rows), a target keeps out of AMX.
 """
 
@@ -164,7 +165,9 @@ def test_f16_weights_stay_out_of_amx(model_path, monkeypatch, sound):
 def test_amx_models_decode_batches_exactly_in_a_fixed_build(model_path):
     """On an AMX CPU with the fixed build: a Q4_0 draft and a Q8_0 target keep their weights in
     AMX, decode batches whole (no crash: a subprocess), and the target's rows in batches equal
-    its rows alone. Without the fix: the draft goes row by row, the target keeps out of AMX."""
+    its rows alone (2-9 rows: the VNNI kernel by chunks of 4, patches/...-amx-vnni-rows.patch;
+    10 and 16: the AMX tiles). Without the fix: the draft goes row by row, the target keeps out
+    of AMX."""
     code = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -174,7 +177,7 @@ def test_amx_models_decode_batches_exactly_in_a_fixed_build(model_path):
         t = Model({str(model_path(Q8_0))!r}, LoadOptions(n_ctx=512, n_threads={THREADS}, n_outputs_max=16))
         toks = d.tokenize("one two three four five six seven eight nine ten eleven", add_special=True)
         d.decode(toks, 0, logits_from=len(toks) - 5)
-        assert_rows_exact(t, toks, (2, 5, 9, 16), "Q8_0 target")
+        assert_rows_exact(t, toks, (2, 3, 4, 5, 9, 10, 16), "Q8_0 target")
         print(json.dumps(dict(draft=d.load_report["weight_buffers"], rows=d.single_rows,
                               target=t.load_report["weight_buffers"], target_rows=t.single_rows)))
     """)
@@ -237,3 +240,24 @@ def test_the_user_has_the_last_word_on_amx(monkeypatch):
     assert buffers.amx_batches_sound() is True
     monkeypatch.delenv("SPECRUN_ALLOW_AMX")
     assert buffers.amx_batches_sound() is False
+
+
+@needs_amx
+def test_the_build_reports_how_many_rows_take_the_one_row_kernel():
+    """patches/...-amx-vnni-rows.patch: passes of up to SPECRUN_VNNI_ROWS rows of Q8_0 / Q4_0 on
+    AMX weights take the one-row VNNI kernel (9 unless set; 1 is upstream's split), and the CPU
+    backend says how many (`specrun info`'s system line, a calibration's key)."""
+    code = (
+        "from specrun.llama.backend import build_number; print(build_number('SPECRUN_VNNI_ROWS'))"
+    )
+    seen = {}
+    for env in (None, "1", "40"):
+        e = {k: v for k, v in os.environ.items() if k != "SPECRUN_VNNI_ROWS"}
+        if env is not None:
+            e["SPECRUN_VNNI_ROWS"] = env
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        seen[env] = r.stdout.strip().splitlines()[-1]
+    assert seen == {None: "9", "1": "1", "40": "16"}
