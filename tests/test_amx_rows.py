@@ -4,9 +4,10 @@ llama.cpp 0.3.36's AMX matmul has two kernels: one row (AVX512-VNNI, ~2x faster 
 repacked or plain kernels for Q4_0 and Q8_0) and 2+ rows (AMX tiles). Upstream's tiles ran with
 a garbage tile configuration under GCC 12 (SIGILL or SIGSEGV: ggml-org/llama.cpp#20824);
 patches/ loads it whole (the build reports SPECRUN_AMX_TILECFG), and every model keeps AMX, a
-target too: the two kernels agree bit for bit. Passes of a few rows of Q8_0 / Q4_0 take the
-one-row kernel (SPECRUN_VNNI_ROWS), a third to a half cheaper than the tiles, the same sums. Without the fix a draft keeps AMX and decodes one
-row per llama_decode (LoadOptions.amx_rows, Model.single_rows), a target keeps out of AMX.
+target too: the two kernels agree bit for bit. Passes of up to SPECRUN_VNNI_ROWS rows of Q8_0
+/ Q4_0 take the one-row kernel (patches/: a 2-row pass 1.09 rows instead of the tiles' 1.33 on
+Q8_0), the same sums. Without the fix a draft keeps AMX and decodes one row per llama_decode
+(LoadOptions.amx_rows, Model.single_rows), a target keeps out of AMX.
 """
 
 from __future__ import annotations
