@@ -1,7 +1,8 @@
 """The Q5_0 x Q8_0 dot product of the build (patches/...-row-q5_0-vnni.patch on AVX-512 VNNI CPUs,
 upstream's AVX2 or scalar code elsewhere), called directly in the CPU backend's library: it must
 give the exact integer sums a reference computes from the blocks' bytes, and the multi-column
-kernel a verify pass uses (patches/...-row-exact.patch) must give each column, bit for bit, what
+kernels a verify pass uses (patches/...-row-exact.patch, and the layout of a batch's columns
+once for many weight rows in ...-row-q5_0-vnni.patch) must give each column, bit for bit, what
 the one-column kernel gives it alone. Block counts odd and even (the VNNI kernel takes two blocks
 a step). No model is loaded.
 
@@ -112,6 +113,22 @@ def test_q5_0_columns_equal_one_column_bit_for_bit(nb):
             ctypes.c_size_t(nb * Q8_0_BYTES), ctypes.c_int(nc),
         )  # fmt: skip
         assert list(out[:nc]) == alone[:nc], nc
+    if not hasattr(lib, "specrun_vec_dot_q5_0_cols_prep"):
+        return  # the columns laid out once: AVX512-VNNI builds only
+    pairs = (nb + 1) // 2
+    raw = np.zeros(2 * 6 * pairs * 64 + 64, dtype=np.uint8)
+    prep = raw[(-raw.ctypes.data) % 64 :]  # 64-byte aligned, as the kernel loads it
+    lib.specrun_q5_0_prep(
+        ctypes.c_int(n), prep.ctypes.data_as(ctypes.c_void_p), ys,
+        ctypes.c_size_t(nb * Q8_0_BYTES), ctypes.c_int(6),
+    )  # fmt: skip
+    for nc in range(2, 7):
+        out = (ctypes.c_float * 6)()
+        lib.specrun_vec_dot_q5_0_cols_prep(
+            ctypes.c_int(n), out, ctypes.c_size_t(1), qx,
+            prep.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(nc),
+        )  # fmt: skip
+        assert list(out[:nc]) == alone[:nc], ("prepared", nc)
 
 
 def _prefetch_reported(env: str | None) -> str:
