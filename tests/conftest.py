@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -107,6 +108,20 @@ def gemma_draft(model_path):
 @pytest.fixture(scope="session")
 def pairs(smol_target, smol_draft, gemma_target, gemma_draft):
     return {"smollm2": (smol_target, smol_draft), "gemma3": (gemma_target, gemma_draft)}
+
+
+def build_number_with(name: str, value: str | None) -> int:
+    """What the build reports for ``name`` in its system info (``backend.build_number``) in a
+    fresh process whose environment variable of the same name is ``value`` (unset for None)."""
+    code = f"from specrun.llama.backend import build_number; print(build_number({name!r}))"
+    env = {k: v for k, v in os.environ.items() if k != name}
+    if value is not None:
+        env[name] = value
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return int(r.stdout.strip().splitlines()[-1])
 
 
 def assert_same_as_target(got, want, label: str) -> None:

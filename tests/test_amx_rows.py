@@ -21,7 +21,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import DEFAULT_TARGET, SMOL_DRAFT, THREADS, assert_rows_exact
+from conftest import DEFAULT_TARGET, SMOL_DRAFT, THREADS, assert_rows_exact, build_number_with
 
 from specrun.llama import buffers
 from specrun.llama import model as model_mod
@@ -248,17 +248,5 @@ def test_the_build_reports_how_many_rows_take_the_one_row_kernel():
     """patches/...-amx-vnni-rows.patch: passes of up to SPECRUN_VNNI_ROWS rows of Q8_0 / Q4_0 on
     AMX weights take the one-row VNNI kernel (9 unless set; 1 is upstream's split), and the CPU
     backend says how many (`specrun info`'s system line, a calibration's key)."""
-    code = (
-        "from specrun.llama.backend import build_number; print(build_number('SPECRUN_VNNI_ROWS'))"
-    )
-    seen = {}
-    for env in (None, "1", "40"):
-        e = {k: v for k, v in os.environ.items() if k != "SPECRUN_VNNI_ROWS"}
-        if env is not None:
-            e["SPECRUN_VNNI_ROWS"] = env
-        r = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        seen[env] = r.stdout.strip().splitlines()[-1]
-    assert seen == {None: "9", "1": "1", "40": "16"}
+    seen = {env: build_number_with("SPECRUN_VNNI_ROWS", env) for env in (None, "1", "40")}
+    assert seen == {None: 9, "1": 1, "40": 16}

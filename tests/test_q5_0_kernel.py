@@ -12,13 +12,11 @@ Also: how far ahead a single row's quantized matmul fetches weight rows
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import build_number_with
 
 QK = 32
 Q5_0_BYTES = 22  # fp16 scale, 32 high bits, 16 bytes of nibbles
@@ -131,33 +129,19 @@ def test_q5_0_columns_equal_one_column_bit_for_bit(nb):
         assert list(out[:nc]) == alone[:nc], ("prepared", nc)
 
 
-def _prefetch_reported(env: str | None) -> str:
-    code = (
-        "from specrun.llama.backend import system_info; import re; "
-        "m = re.search(r'SPECRUN_PREFETCH_AHEAD = (\\d+)', system_info()); "
-        "print(m.group(1) if m else 'absent')"
-    )
-    e = {k: v for k, v in os.environ.items() if k != "SPECRUN_PREFETCH_AHEAD"}
-    if env is not None:
-        e["SPECRUN_PREFETCH_AHEAD"] = env
-    r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout.strip().splitlines()[-1]
-
-
 def test_the_build_reports_how_far_ahead_a_single_row_fetches():
     """8 weight rows ahead on Intel (measured there), none elsewhere unless
     SPECRUN_PREFETCH_AHEAD (0-64) says; the CPU backend reports it (`specrun info`'s system
     line, so a calibration is keyed by it)."""
-    default = _prefetch_reported(None)
-    if default == "absent":
+    from specrun.llama.backend import system_info
+
+    if "SPECRUN_PREFETCH_AHEAD" not in system_info():
         pytest.skip("not an x86 AVX2 build")
+    name = "SPECRUN_PREFETCH_AHEAD"
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         intel = "GenuineIntel" in cpuinfo.read_text()
-        assert default == ("8" if intel else "0")
-    assert _prefetch_reported("3") == "3"
-    assert _prefetch_reported("100") == "64"
-    assert _prefetch_reported("-5") == "0"
+        assert build_number_with(name, None) == (8 if intel else 0)
+    assert build_number_with(name, "3") == 3
+    assert build_number_with(name, "100") == 64
+    assert build_number_with(name, "-5") == 0
