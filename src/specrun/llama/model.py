@@ -34,6 +34,14 @@ from specrun.llama.buffers import amx_batches_sound, weight_buffers
 from specrun.llama.rpc import keepalive, place_devices
 
 
+# llama_get_logits with the pointer as an int (llama-cpp-python's returns a POINTER(c_float),
+# and its address takes two more objects a pass to read): its own function object, so that
+# llama-cpp-python's keeps its restype.
+_get_logits_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ("llama_get_logits", ll.llama_cpp._lib)
+)
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     n_ctx: int = 2048
@@ -100,7 +108,7 @@ class Model:
     _n_rows: int
     _out: np.ndarray | None
     _out_first: int
-    _out_types: dict[int, Any]
+    _out_views: dict[int, tuple[int, np.ndarray]]
 
     def __init__(self, path: str | os.PathLike[str], opts: LoadOptions, verbose: bool = False):
         init_backend(verbose)
@@ -222,7 +230,7 @@ class Model:
         self._n_rows = 0  # rows of the last decoded chunk
         self._out = None  # the last chunk's logits rows, a view
         self._out_first = 0  # batch row of self._out[0]
-        self._out_types = {}
+        self._out_views = {}  # rows of logits -> (buffer address, view): decode
         self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
         # What the KV cache holds: the token at each position (as llama-cpp-python's Llama keeps
         # input_ids[:n_tokens]). decode extends it, truncate and clear cut it; callers read it.
@@ -404,11 +412,18 @@ class Model:
         while start < n:
             m = min(self.n_batch, n - start)
             end = start + m
-            tok_arr = self._b_token
-            tok_arr[:m] = tokens[start:end]
-            self._b_pos[:m] = np.arange(pos0 + start, pos0 + end, dtype=np.int32)
             lg = self._b_logits
-            lg[:m] = 0
+            if m == 1:
+                # One row (every plain step): element stores, not numpy temporaries. Right after
+                # a pass the interpreter runs from cold caches, and each numpy call here cost
+                # 5-10 us (single rows of a Q4_K_M SmolLM2, 2-core Intel Xeon).
+                self._b_token[0] = tokens[start]
+                self._b_pos[0] = pos0 + start
+                lg[0] = logits_from is not None and logits_from <= start
+            else:
+                self._b_token[:m] = tokens[start:end]
+                self._b_pos[:m] = np.arange(pos0 + start, pos0 + end, dtype=np.int32)
+                lg[:m] = 0
             if logits_from is not None and end > logits_from:
                 if logits_from < start:
                     raise SpecrunError("logits asked for rows outside the last batch chunk")
@@ -417,7 +432,8 @@ class Model:
                         f"{m - (logits_from - start)} rows of logits asked for, the context keeps "
                         f"at most {self.n_outputs_max}"
                     )
-                lg[logits_from - start : m] = 1
+                if m > 1:
+                    lg[logits_from - start : m] = 1
             self._batch.n_tokens = m
             t0 = time.perf_counter()
             rc = ll.llama_decode(self._ctx, self._batch)
@@ -435,17 +451,19 @@ class Model:
         if logits_from is not None:
             # One numpy view over llama.cpp's output buffer for all the rows that asked for
             # logits (in batch order for one sequence): logits(row) is then a slice, not a
-            # ctypes round trip per row.
+            # ctypes round trip per row. Kept per row count while the buffer stays where it
+            # is (llama.cpp moves it only when it grows): building it anew every pass cost
+            # ~35 us of a single row's 8 ms (cold caches, as above).
             self._out_first = logits_from - (n - m)
             n_out = m - self._out_first
-            base = ll.llama_get_logits(self._ctx)
-            if base:
-                arr_t = self._out_types.get(n_out)
-                if arr_t is None:
-                    arr_t = self._out_types[n_out] = ctypes.c_float * (n_out * self.n_vocab)
-                buf = arr_t.from_address(ctypes.addressof(base.contents))
-                rows = np.frombuffer(memoryview(buf), dtype=np.float32)
-                self._out = rows.reshape(n_out, self.n_vocab)
+            addr = _get_logits_addr(self._ctx)
+            if addr:
+                view = self._out_views.get(n_out)
+                if view is None or view[0] != addr:
+                    buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(addr)
+                    rows = np.frombuffer(memoryview(buf), dtype=np.float32)
+                    view = self._out_views[n_out] = (addr, rows.reshape(n_out, self.n_vocab))
+                self._out = view[1]
 
     def _decode_rows(self, tokens: Sequence[int], pos0: int, logits_from: int | None) -> None:
         """``decode`` one row per llama_decode (``single_rows``); the rows asked for keep their
