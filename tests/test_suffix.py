@@ -223,12 +223,13 @@ def test_auto_prices_the_suffix_drafter_per_bucket_and_drafts_long():
         name, prop = policy.draft(seq, 16, P, RNG, True)
         k = len(prop)
         if name == "lookup":
-            assert policy._key == "lookup:" + d.bucket()
-            policy.observe(StepReport(name, k, k, 0.0, 0.016 * (1 + 0.1 * k)))
-            seq = seq + prop.tokens + [text[(len(seq) + k - 61) % 60]]
+            assert policy.last_choice[0] == "lookup:" + d.bucket()
+            new = prop.tokens + [text[(len(seq) + k - 61) % 60]]
+            policy.observe(StepReport(name, k, k, 0.0, 0.016 * (1 + 0.1 * k), new))
         else:
-            policy.observe(StepReport(name, 0, 0, 0.0, 0.016))
-            seq = seq + [text[(len(seq) - 61) % 60]]
+            new = [text[(len(seq) - 61) % 60]]
+            policy.observe(StepReport(name, 0, 0, 0.0, 0.016, new))
+        seq = seq + new
         ks.append(k)
     assert max(ks) > 4
 

@@ -250,14 +250,25 @@ class _Acceptance:
         self._est: tuple[float, list[float]] | None = None
 
     def update(self, k: int, n_accepted: int) -> None:
-        keep = 1.0 - self.alpha  # every position ages with each draft, reached or not
+        """A draft of ``k`` tokens whose first ``n_accepted`` were accepted."""
+        self.age()
+        for i in range(min(k, n_accepted + 1, self.k)):
+            self.add(i, i < n_accepted)
+
+    def age(self) -> None:
+        """A new draft: every position ages, reached or not."""
+        keep = 1.0 - self.alpha
         for i in range(self.k):
             self.hits[i] *= keep
             self.tries[i] *= keep
-        for i in range(min(k, n_accepted + 1, self.k)):
-            self.hits[i] += 1.0 if i < n_accepted else 0.0
-            self.tries[i] += 1.0
         self._est = None
+
+    def add(self, i: int, hit: bool) -> None:
+        """Position ``i`` of the last draft was tried (its positions before it accepted)."""
+        if i < self.k:
+            self.hits[i] += 1.0 if hit else 0.0
+            self.tries[i] += 1.0
+            self._est = None
 
     def scale(self, w: float) -> None:
         """Keep this share of every count (what a new request keeps of the last one's)."""
@@ -534,11 +545,12 @@ class AutoPolicy(Policy):
         # measured yet, the prior's verdict is the least informed one auto will ever make).
         self._since = self.priors.probe_min
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
-        self._key = "none"
         self._longer = False  # the last draft was accepted whole: explore one position further
         self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
         self._probing = False  # the last step was a probe, not the best choice
-        self._declined: tuple[str, list[int]] | None = None  # lookup's proposal, not taken
+        # Lookup's proposals, taken or not, scored position by position against the tokens the
+        # steps commit, until their first miss or their end: [key, tokens, next position].
+        self._pending: list[list] = []
         self._draft_may_run_now = True  # the last step's _draft_could_run
         self._run_memo: tuple[costmodel.VerifyCost, list[float], int, float, bool] | None = None
 
@@ -601,7 +613,6 @@ class AutoPolicy(Policy):
         s, key, k, prop_ready = best
         self._rival_s = s
         window = self.priors.catch_up_window
-        self._declined = None
         # Re-probing. An estimate only moves when its drafter runs, so the draft model, when it
         # is not chosen, is tried now and then, with a backoff. Lookup needs no re-try: its
         # proposal costs nothing, and one not taken is scored against the tokens the step
@@ -631,10 +642,9 @@ class AutoPolicy(Policy):
             key, k, s = "draft", min(2, k_model), 0.0
             single = getattr(getattr(self.model, "model", None), "single_rows", False)
             window = self.priors.probe_window_single if single else self.priors.probe_window
-        if lookup_prop is not None and not key.startswith("lookup"):
-            self._declined = (lookup_key, lookup_prop.tokens)
+        if lookup_prop is not None:
+            self._pending.append([lookup_key, lookup_prop.tokens, 0])
         self.last_choice = (key, k, s)
-        self._key = key
         self._probing = key != best[1]
         if key == "none":
             return "none", EMPTY
@@ -744,20 +754,39 @@ class AutoPolicy(Policy):
             self.costs.observe_draft(steps - 1, draft_s - secs)
 
     def _observe_tokens(self, tokens: Sequence[int]) -> None:
-        """Free evidence for a declined lookup proposal: the step's tokens say how much of it
-        the target would have accepted (greedy: exactly; sampled: each position is accepted with
-        the probability the target gives the proposed token, which is also the chance that it
-        samples that token, so the estimate stays unbiased). Whatever ran instead: plain
-        decoding or the draft model (a draft step scores it as far as the step got)."""
-        declined, self._declined = self._declined, None
-        if declined is None or not tokens:
+        """Lookup's acceptance, from the tokens the steps commit: each proposal lookup made,
+        whether the step verified it or not, is scored position by position against what the
+        target went on to produce, until its first miss or its end, over as many steps as that
+        takes (greedy: exactly what the target would have accepted; sampled: each position is
+        accepted with the probability the target gives the proposed token, which is also the
+        chance that it samples that token, so the estimate stays unbiased). Whatever ran:
+        plain decoding, the draft model, or lookup itself.
+
+        Why all of it: scored only as far as the step went, a declined proposal said nothing
+        past its first token (a plain step commits one), and deep positions borrowed that
+        token's rate. On summaries a match's first token was right about half the time and its
+        second seldom (the model goes on in its own words), so a lucky first token priced a
+        2-token bet at 1.16x, and it lost (Q4_K_M target, V(3) 1.69)."""
+        if not self._pending or not tokens:
             return
-        key, prop = declined
-        known = min(len(prop), len(tokens))
-        m = 0
-        while m < known and prop[m] == tokens[m]:
-            m += 1
-        self._acc(key).update(min(m + 1, known), m)
+        keep = []
+        for entry in self._pending:
+            key, prop, i = entry
+            acc = self._acc(key)
+            if i == 0:
+                acc.age()
+            going = True
+            for t in tokens:
+                hit = prop[i] == t
+                acc.add(i, hit)
+                i += 1
+                if not hit or i >= len(prop):
+                    going = False
+                    break
+            if going:
+                entry[2] = i
+                keep.append(entry)
+        self._pending = keep
 
     def finish(self, tokens: list[int]) -> None:
         super().finish(tokens)
@@ -837,12 +866,11 @@ class AutoPolicy(Policy):
         if name == "none" or k == 0:
             return
         self._prev_sure = False
-        key = self._key if self._key.startswith(name) else name
-        acc = self._acc(key)
-        acc.update(k, n_accepted)
-        self._longer = name == "draft" and n_accepted == k
         if name != "draft":
-            return
+            return  # lookup's proposal is scored with the others (_observe_tokens)
+        acc = self._acc("draft")
+        acc.update(k, n_accepted)
+        self._longer = n_accepted == k
         stopped = k < self._asked
         # A draft that stopped under --draft-p-min decoded its last proposal too, to find its
         # next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k, 1-token
