@@ -230,7 +230,8 @@ class Model:
         self._n_rows = 0  # rows of the last decoded chunk
         self._out = None  # the last chunk's logits rows, a view
         self._out_first = 0  # batch row of self._out[0]
-        self._out_views = {}  # rows of logits -> (buffer address, view): decode
+        self._out_views = {}  # rows of logits -> (buffer address, view, its rows): decode
+        self._out_rows: list[np.ndarray] = []  # self._out's rows (logits)
         self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
         # What the KV cache holds: the token at each position (as llama-cpp-python's Llama keeps
         # input_ids[:n_tokens]). decode extends it, truncate and clear cut it; callers read it.
@@ -461,9 +462,10 @@ class Model:
                 view = self._out_views.get(n_out)
                 if view is None or view[0] != addr:
                     buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(addr)
-                    rows = np.frombuffer(memoryview(buf), dtype=np.float32)
-                    view = self._out_views[n_out] = (addr, rows.reshape(n_out, self.n_vocab))
-                self._out = view[1]
+                    out = np.frombuffer(memoryview(buf), dtype=np.float32)
+                    out = out.reshape(n_out, self.n_vocab)
+                    view = self._out_views[n_out] = (addr, out, list(out))
+                self._out, self._out_rows = view[1], view[2]
 
     def _decode_rows(self, tokens: Sequence[int], pos0: int, logits_from: int | None) -> None:
         """``decode`` one row per llama_decode (``single_rows``); the rows asked for keep their
@@ -480,7 +482,7 @@ class Model:
             if kept is not None and i >= first:
                 kept[i - first] = self.logits(0)
         if kept is not None:
-            self._out = kept
+            self._out, self._out_rows = kept, list(kept)
         self._out_first = first
         self._n_rows = n
 
@@ -489,10 +491,10 @@ class Model:
         valid until the next decode."""
         out = self._out
         if out is not None:
-            j = out.shape[0] + row if row < 0 else row - self._out_first
-            if 0 <= j < out.shape[0]:
-                row_logits: np.ndarray = out[j]
-                return row_logits
+            rows = self._out_rows
+            j = len(rows) + row if row < 0 else row - self._out_first
+            if 0 <= j < len(rows):
+                return rows[j]
         raise SpecrunError(f"no logits for row {row} of the last batch")
 
     def truncate(self, n_keep: int) -> None:

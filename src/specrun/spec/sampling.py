@@ -83,8 +83,9 @@ class Dist:
 
 
 def greedy(logits: np.ndarray) -> int:
-    """The target's own greedy choice: argmax of the raw logits (first index on a tie)."""
-    return int(np.argmax(logits))
+    """The target's own greedy choice: argmax of the raw logits (first index on a tie). The
+    method, not ``np.argmax``: its Python wrapper cost ~5 us a step from cold caches."""
+    return int(logits.argmax())
 
 
 def top_prob(logits: np.ndarray) -> float:
