@@ -419,7 +419,11 @@ def test_a_verified_proposal_is_scored_past_what_was_verified():
     acc = policy._acc("lookup:3")
     # (position 0 also holds the 1-token proposals' misses)
     assert [round(h / t, 6) for h, t in zip(acc.hits[1:6], acc.tries[1:6], strict=True)] == [
-        1.0, 1.0, 1.0, 1.0, 0.0
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.0,
     ]
     assert acc.tries[6] == 0
     assert policy._pending == []

@@ -33,7 +33,6 @@ from specrun.llama.backend import (
 from specrun.llama.buffers import amx_batches_sound, weight_buffers
 from specrun.llama.rpc import keepalive, place_devices
 
-
 # llama_get_logits with the pointer as an int (llama-cpp-python's returns a POINTER(c_float),
 # and its address takes two more objects a pass to read): its own function object, so that
 # llama-cpp-python's keeps its restype.
@@ -108,7 +107,7 @@ class Model:
     _n_rows: int
     _out: np.ndarray | None
     _out_first: int
-    _out_views: dict[int, tuple[int, np.ndarray]]
+    _out_views: dict[int, tuple[int, np.ndarray, list[np.ndarray]]]
 
     def __init__(self, path: str | os.PathLike[str], opts: LoadOptions, verbose: bool = False):
         init_backend(verbose)

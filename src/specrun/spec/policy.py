@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -550,7 +551,7 @@ class AutoPolicy(Policy):
         self._probing = False  # the last step was a probe, not the best choice
         # Lookup's proposals, taken or not, scored position by position against the tokens the
         # steps commit, until their first miss or their end: [key, tokens, next position].
-        self._pending: list[list] = []
+        self._pending: list[list[Any]] = []
         self._draft_may_run_now = True  # the last step's _draft_could_run
         self._run_memo: tuple[costmodel.VerifyCost, list[float], int, float, bool] | None = None
 
