@@ -867,11 +867,11 @@ class AutoPolicy(Policy):
         if name == "none" or k == 0:
             return
         self._prev_sure = False
+        self._longer = name == "draft" and n_accepted == k
         if name != "draft":
             return  # lookup's proposal is scored with the others (_observe_tokens)
         acc = self._acc("draft")
         acc.update(k, n_accepted)
-        self._longer = n_accepted == k
         stopped = k < self._asked
         # A draft that stopped under --draft-p-min decoded its last proposal too, to find its
         # next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k, 1-token
