@@ -105,9 +105,9 @@ class Model:
     _b_nseq: np.ndarray
     _b_logits: np.ndarray
     _n_rows: int
-    _out: np.ndarray | None
+    _out_rows: Sequence[np.ndarray]
     _out_first: int
-    _out_views: dict[int, tuple[int, np.ndarray, list[np.ndarray]]]
+    _out_views: dict[int, tuple[int, list[np.ndarray]]]
 
     def __init__(self, path: str | os.PathLike[str], opts: LoadOptions, verbose: bool = False):
         init_backend(verbose)
@@ -227,10 +227,9 @@ class Model:
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
         self._n_rows = 0  # rows of the last decoded chunk
-        self._out = None  # the last chunk's logits rows, a view
-        self._out_first = 0  # batch row of self._out[0]
-        self._out_views = {}  # rows of logits -> (buffer address, view, its rows): decode
-        self._out_rows: list[np.ndarray] = []  # self._out's rows (logits)
+        self._out_rows = ()  # the last chunk's logits, a view per row (none: empty)
+        self._out_first = 0  # batch row of self._out_rows[0]
+        self._out_views = {}  # rows of logits -> (buffer address, a view per row): decode
         self.llama_seconds = 0.0  # wall time spent inside llama_decode, cumulative
         # What the KV cache holds: the token at each position (as llama-cpp-python's Llama keeps
         # input_ids[:n_tokens]). decode extends it, truncate and clear cut it; callers read it.
@@ -447,13 +446,13 @@ class Model:
             self._held.extend(tokens[start:end])
             start = end
         self._n_rows = m
-        self._out = None
+        self._out_rows = ()
         if logits_from is not None:
-            # One numpy view over llama.cpp's output buffer for all the rows that asked for
-            # logits (in batch order for one sequence): logits(row) is then a slice, not a
-            # ctypes round trip per row. Kept per row count while the buffer stays where it
-            # is (llama.cpp moves it only when it grows): building it anew every pass cost
-            # ~35 us of a single row's 8 ms (cold caches, as above).
+            # Numpy views over llama.cpp's output buffer, one per row that asked for logits (in
+            # batch order for one sequence): logits(row) is then a list index, not a ctypes
+            # round trip or a numpy view per call. Kept per row count while the buffer stays
+            # where it is (llama.cpp moves it only when it grows): building them anew every
+            # pass cost ~35 us of a single row's 8 ms (cold caches, as above).
             self._out_first = logits_from - (n - m)
             n_out = m - self._out_first
             addr = _get_logits_addr(self._ctx)
@@ -462,9 +461,8 @@ class Model:
                 if view is None or view[0] != addr:
                     buf = (ctypes.c_float * (n_out * self.n_vocab)).from_address(addr)
                     out = np.frombuffer(memoryview(buf), dtype=np.float32)
-                    out = out.reshape(n_out, self.n_vocab)
-                    view = self._out_views[n_out] = (addr, out, list(out))
-                self._out, self._out_rows = view[1], view[2]
+                    view = self._out_views[n_out] = (addr, list(out.reshape(n_out, self.n_vocab)))
+                self._out_rows = view[1]
 
     def _decode_rows(self, tokens: Sequence[int], pos0: int, logits_from: int | None) -> None:
         """``decode`` one row per llama_decode (``single_rows``); the rows asked for keep their
@@ -481,19 +479,17 @@ class Model:
             if kept is not None and i >= first:
                 kept[i - first] = self.logits(0)
         if kept is not None:
-            self._out, self._out_rows = kept, list(kept)
+            self._out_rows = list(kept)
         self._out_first = first
         self._n_rows = n
 
     def logits(self, row: int) -> np.ndarray:
         """Logits of ``row`` of the last decoded chunk (negative: from the end): a float32 view,
         valid until the next decode."""
-        out = self._out
-        if out is not None:
-            rows = self._out_rows
-            j = len(rows) + row if row < 0 else row - self._out_first
-            if 0 <= j < len(rows):
-                return rows[j]
+        rows = self._out_rows
+        j = len(rows) + row if row < 0 else row - self._out_first
+        if 0 <= j < len(rows):
+            return rows[j]
         raise SpecrunError(f"no logits for row {row} of the last batch")
 
     def truncate(self, n_keep: int) -> None:
