@@ -16,7 +16,9 @@ llama.cpp build's shared libraries (a ``build/bin`` of llama.cpp built with -DBU
 e.g. llama.cpp's default build), with the weights placed as llama.cpp places them (every repacked
 type, its tiled K-quant matmul on); the first column is always specrun's own build and placement.
 ``--llama-bench PATH`` adds llama.cpp's own llama-bench (pp1/pp2/pp5/pp9, position 0, last-row
-logits) for the same files.
+logits) for the same files. ``--specrun-env 'NAME=VALUE ...'`` (repeatable) runs specrun's own
+build again under those settings, alternating with it: a patch's switch off against on (e.g.
+``SPECRUN_SPLIT_ROWS=0 SPECRUN_F16_ROW_COLS=0``, upstream's split and single F16 row).
 
 The switch: a pass of another shape than the one before it made llama.cpp build its compute graph
 anew (it kept one), and speculation alternates single rows with verify passes, so a bet also cost
@@ -199,6 +201,19 @@ def llama_bench(exe: str, path: Path, threads: int, reps: int) -> dict:
     return {"t1_ms": by_n[1] * 1e3, "last": {n: by_n[n] / by_n[1] for n in SIZES}}
 
 
+def _settings(text: str) -> list[tuple[str, str]]:
+    """'NAME=VALUE NAME=VALUE' (--specrun-env) as (name, value) pairs, each shown as given."""
+    out = []
+    for item in text.split():
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"--specrun-env takes NAME=VALUE settings, got {item!r}")
+        out.append((name, value))
+    if not out:
+        raise SystemExit("--specrun-env needs at least one NAME=VALUE")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default=",".join(FORMATS))
@@ -218,6 +233,13 @@ def main() -> int:
         action="append",
         default=[],
         help="another build of specrun's llama.cpp (patches/; its bin dir), run as specrun runs it",
+    )
+    ap.add_argument(
+        "--specrun-env",
+        action="append",
+        default=[],
+        help="specrun's build again, under these environment settings ('NAME=VALUE NAME=VALUE', "
+        "e.g. 'SPECRUN_SPLIT_ROWS=0 SPECRUN_F16_ROW_COLS=0': the build's switches off)",
     )
     ap.add_argument(
         "--flash-attn",
@@ -258,15 +280,18 @@ def main() -> int:
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
     files += [(Path(p).name, Path(p)) for p in args.model]
     # each other build's overlay is made once, then reused by every round
+    settings = [_settings(e) for e in args.specrun_env]
     builds = (
-        [("specrun", None, True)]
-        + [(f"specrun {lib}", overlay(Path(lib)), True) for lib in args.specrun_lib]
-        + [(str(lib), overlay(Path(lib)), False) for lib in args.lib]
+        [("specrun", None, True, {})]
+        + [("specrun " + " ".join(f"{n}={v}" for n, v in e), None, True, dict(e)) for e in settings]
+        + [(f"specrun {lib}", overlay(Path(lib)), True, {}) for lib in args.specrun_lib]
+        + [(str(lib), overlay(Path(lib)), False, {}) for lib in args.lib]
     )
-    rounds: dict[str, list[dict]] = {label: [] for label, _, _ in builds}
+    rounds: dict[str, list[dict]] = {label: [] for label, _, _, _ in builds}
     pads = random.Random(args.seed)
-    for _round, (label, lib, exact) in itertools.product(range(args.rounds), builds):
+    for _round, (label, lib, exact, extra) in itertools.product(range(args.rounds), builds):
         env = dict(os.environ)
+        env.update(extra)
         # A process's heap layout is fixed by its environment, and with it where llama.cpp's
         # work buffer lands relative to a cache line: F16 5-row passes of one build took 31-32 ms
         # in some environments and 28-29 ms in others, round after round. A pad of random length
