@@ -277,10 +277,10 @@ def main() -> int:
         )
         return 0
 
+    settings = [_settings(e) for e in args.specrun_env]  # refused before anything is derived
     files = [(f, derived(f, args.base)) for f in args.formats.split(",") if f]
     files += [(Path(p).name, Path(p)) for p in args.model]
     # each other build's overlay is made once, then reused by every round
-    settings = [_settings(e) for e in args.specrun_env]
     builds = (
         [("specrun", None, True, {})]
         + [("specrun " + " ".join(f"{n}={v}" for n, v in e), None, True, dict(e)) for e in settings]
