@@ -26,8 +26,8 @@ the single row after it. Each build is asked what one row costs right after an n
 right after one row (``switch``, in one-row times: 0.12 is 12% more). specrun's build keeps a
 graph per batch size (patches/...-graph-per-size.patch), so its own figures pay no rebuild.
 
-Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0); the others (BF16,
-Q5_K_M, Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
+Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0, Q4_1); the others
+(BF16, Q5_K_M, Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
 
     .venv/bin/python bench/verify_cost.py --formats F32,F16,Q8_0,Q4_K_M --lib /path/llama.cpp/build/bin
 """
@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (1, 2, 3, 5, 9)
-FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+FORMATS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K")
 
 
 def derived(fmt: str, base: str) -> Path:

@@ -2,8 +2,8 @@
 bit, the logits it gets when decoded alone. Greedy speculation equals the target alone only if
 this holds; it is what the build (patches/, Makefile) is chosen for.
 
-The formats come from the registry (SmolLM2 F32, F16, Q8_0, Q4_K_M, Q4_0), and BF16, Q5_K_M and
-Q6_K are derived once from its F32 into $SPECRUN_HOME/derived."""
+The formats come from the registry (SmolLM2 F32, F16, Q8_0, Q4_K_M, Q4_0, Q4_1), and BF16, Q5_K_M,
+Q6_K and IQ4_XS are derived once from its F32 into $SPECRUN_HOME/derived."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from specrun.paths import specrun_home
 pytestmark = pytest.mark.models
 
 AMX_HERE = "AMX" in cpu_extra_buffer_types() and amx_batches_sound()
-FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K"]
+FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS"]
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when a goldsmith in "
     "Mainz combined a screw press with movable metal type. "
@@ -30,6 +30,7 @@ TEXT = (
 REGISTRY = {
     "F32": SMOL_TARGET,
     "Q4_0": "smollm2-135m-instruct-q4_0",
+    "Q4_1": "smollm2-135m-instruct-q4_1",
     "F16": "smollm2-135m-instruct-f16",
     "Q8_0": "smollm2-135m-instruct-q8_0",
     "Q4_K_M": "smollm2-135m-instruct-q4_k_m",
@@ -55,9 +56,9 @@ def test_batched_rows_equal_single_rows(model_path, fmt):
     # As the command line loads a target: default buffers (CPU_REPACK where llama.cpp repacks).
     m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
     try:
-        if fmt in ("Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K") and AMX_HERE:
+        if fmt in ("Q8_0", "Q4_0", "Q4_1", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS") and AMX_HERE:
             # On an AMX CPU with the fixed build: these rows go through AMX's kernels (the
-            # K-quant files' FFN-down layers, whose rows are whole 256-value super blocks).
+            # K-quant and IQ4_XS files' FFN-down layers, whose rows are whole 256-value blocks).
             assert "AMX" in m.load_report["weight_buffers"], m.load_report
         if fmt == "F16" and AMX_HERE:  # AMX's F16 kernel has no tiles: slow batches
             assert "AMX" not in m.load_report["weight_buffers"], m.load_report
