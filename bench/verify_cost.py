@@ -27,7 +27,8 @@ right after one row (``switch``, in one-row times: 0.12 is 12% more). specrun's 
 graph per batch size (patches/...-graph-per-size.patch), so its own figures pay no rebuild.
 
 Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0, Q4_1); the others
-(BF16, Q5_K_M, Q6_K) are derived once from its F32 into ``$SPECRUN_HOME/derived``.
+(BF16, Q5_K_M, Q6_K by default; any type llama.cpp quantizes to, e.g. IQ4_XS, by ``--formats``)
+are derived once from its F32 into ``$SPECRUN_HOME/derived``.
 
     .venv/bin/python bench/verify_cost.py --formats F32,F16,Q8_0,Q4_K_M --lib /path/llama.cpp/build/bin
 """

@@ -5,8 +5,8 @@ repacked or plain kernels for Q4_0 and Q8_0) and 2+ rows (AMX tiles). Upstream's
 a garbage tile configuration under GCC 12 (SIGILL or SIGSEGV: ggml-org/llama.cpp#20824);
 patches/ loads it whole (the build reports SPECRUN_AMX_TILECFG), and every model keeps AMX, a
 target too: the two kernels agree bit for bit. Passes of up to SPECRUN_VNNI_ROWS rows of Q8_0
-/ Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K take the one-row kernels' arithmetic (patches/: a 2-row pass
-1.09 rows instead of the tiles' 1.33 on Q8_0), the same sums. Without the fix a draft keeps AMX
+/ Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K / IQ4_XS take the one-row kernels' arithmetic (patches/: a
+2-row pass 1.09 rows instead of the tiles' 1.33 on Q8_0), the same sums. Without the fix a draft keeps AMX
 and decodes one row per llama_decode (LoadOptions.amx_rows, Model.single_rows), a target keeps
 out of AMX.
 """
