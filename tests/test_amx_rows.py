@@ -246,8 +246,9 @@ def test_the_user_has_the_last_word_on_amx(monkeypatch):
 
 @needs_amx
 def test_the_build_reports_how_many_rows_take_the_one_row_kernel():
-    """patches/...-amx-vnni-rows.patch: passes of up to SPECRUN_VNNI_ROWS rows of Q8_0 / Q4_0 on
-    AMX weights take the one-row VNNI kernel (9 unless set; 1 is upstream's split), and the CPU
-    backend says how many (`specrun info`'s system line, a calibration's key)."""
+    """patches/...-amx-vnni-rows.patch: passes of up to SPECRUN_VNNI_ROWS rows on AMX weights
+    (every type AMX takes) take the one-row VNNI kernels' arithmetic (9 unless set; 1 is
+    upstream's split), and the CPU backend says how many (`specrun info`'s system line, a
+    calibration's key)."""
     seen = {env: build_number_with("SPECRUN_VNNI_ROWS", env) for env in (None, "1", "40")}
     assert seen == {None: 9, "1": 1, "40": 16}
