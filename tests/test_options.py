@@ -8,6 +8,7 @@ attention, KV cache types, offloaded layers): not what specrun meant to pass, wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -199,6 +200,8 @@ def test_info_reports_build_machine_and_pair():
         assert b["flash_attn_block"] == 32, b["system_info"]
     # ... and a compute graph kept per batch size (1-17 rows), whatever the CPU
     assert b["graphs_per_batch_size"] == 17, b["system_info"]
+    # ... computed without the scheduler once placed, unless the environment turns it off
+    assert b["graph_direct"] is (os.environ.get("SPECRUN_GRAPH_DIRECT", "1") != "0"), b
     # ... and --draft-p-min's check in C (specrun_top_prob), whatever the CPU
     assert b["top_prob_in_c"] is True
     # ... and, on a CPU with AMX, the AMX tile config loaded whole (its batch kernel sound)

@@ -65,6 +65,7 @@ def build_info() -> dict[str, Any]:
         "row_exact_flash_attn": runtime.flash_attn_row_exact(),
         # patches/: batches of 1..N rows keep a compute graph each (0: llama.cpp's one graph)
         "graphs_per_batch_size": runtime.graphs_per_batch_size(),
+        "graph_direct": runtime.graph_direct(),
         # patches/: F16 KV attention by blocks of N cells in SIMD (0: llama.cpp's cell-at-a-time loop)
         "flash_attn_block": runtime.flash_attn_block(),
         # patches/: --draft-p-min's check (a row's top softmax probability) in C, not numpy
@@ -237,6 +238,11 @@ def render_text(
         + (
             f"one compute graph kept per batch size of 1-{b['graphs_per_batch_size']} rows: "
             "a verify pass and the single row after it reuse theirs (patches/)"
+            + (
+                ", computed without llama.cpp's scheduler once placed (SPECRUN_GRAPH_DIRECT)"
+                if b.get("graph_direct")
+                else ""
+            )
             if b.get("graphs_per_batch_size")
             else "llama.cpp keeps one compute graph: each change of batch size rebuilds it "
             "(every speculative step pays two; make install's build keeps one per size)"

@@ -265,6 +265,15 @@ def graphs_per_batch_size() -> int:
     return build_number("SPECRUN_GRAPHS")
 
 
+def graph_direct() -> bool:
+    """Whether this build computes a kept graph (``graphs_per_batch_size``) on the CPU backend
+    without llama.cpp's scheduler once the scheduler has placed it (patches/: the build says
+    SPECRUN_GRAPH_DIRECT = 1; the environment's SPECRUN_GRAPH_DIRECT=0 turns it off): allocated
+    again at every switch between one row and a verify pass, the scheduler's split and the
+    allocator's plan cost 0.1-0.2 ms a switch on a 2-core CPU, two a bet."""
+    return build_number("SPECRUN_GRAPH_DIRECT") == 1
+
+
 def flash_attn_block() -> int:
     """How many KV cells this build's CPU flash attention takes at a time for an F16 cache
     (patches/: the build says SPECRUN_FA_BLOCK = N, AVX2 + F16C + FMA): a row's scores over a
