@@ -27,11 +27,11 @@ else
   $(error GPU must be cuda or metal, got '$(GPU)')
 endif
 # patches/ changes the vendored llama.cpp (row-exact batched Q8_0, Q4_K, Q6_K and F16 kernels; a
-# compute graph kept per batch size; the --draft-p-min check in C; AMX's tile configuration loaded
-# whole; a few rows of Q8_0 / Q4_0 / Q4_1 / K-quants on AMX weights by the one-row kernels'
-# arithmetic; Q5_0 by AVX512-VNNI; weight rows fetched ahead of a single row's quantized matmul on
-# Intel; a few rows split among the threads as one is, and a single F16 row by the multi-column
-# kernel): a new patch rebuilds.
+# compute graph kept per batch size, computed without the scheduler once placed; the --draft-p-min
+# check in C; AMX's tile configuration loaded whole; a few rows of Q8_0 / Q4_0 / Q4_1 / K-quants
+# on AMX weights by the one-row kernels' arithmetic; Q5_0 by AVX512-VNNI; weight rows fetched
+# ahead of a single row's quantized matmul on Intel; a few rows split among the threads as one
+# is, and a single F16 row by the multi-column kernel): a new patch rebuilds.
 PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
 LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 

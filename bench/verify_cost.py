@@ -24,7 +24,9 @@ The switch: a pass of another shape than the one before it made llama.cpp build 
 anew (it kept one), and speculation alternates single rows with verify passes, so a bet also cost
 the single row after it. Each build is asked what one row costs right after an n-row pass against
 right after one row (``switch``, in one-row times: 0.12 is 12% more). specrun's build keeps a
-graph per batch size (patches/...-graph-per-size.patch), so its own figures pay no rebuild.
+graph per batch size (patches/...-graph-per-size.patch), so its own figures pay no rebuild, and
+computes a kept graph without llama.cpp's scheduler (``--specrun-env SPECRUN_GRAPH_DIRECT=0``
+allocates it again at each switch, as before).
 
 Formats come from the registry (SmolLM2-135M F32, F16, Q8_0, Q4_K_M, Q4_0, Q4_1); the others
 (BF16, Q5_K_M, Q6_K by default; any type llama.cpp quantizes to, e.g. IQ4_XS, by ``--formats``)
