@@ -269,8 +269,9 @@ def graph_direct() -> bool:
     """Whether this build computes a kept graph (``graphs_per_batch_size``) on the CPU backend
     without llama.cpp's scheduler once the scheduler has placed it (patches/: the build says
     SPECRUN_GRAPH_DIRECT = 1; the environment's SPECRUN_GRAPH_DIRECT=0 turns it off): allocated
-    again at every switch between one row and a verify pass, the scheduler's split and the
-    allocator's plan cost 0.1-0.2 ms a switch on a 2-core CPU, two a bet."""
+    again at every switch between one row and a verify pass, a kept graph cost 0.1-0.5 ms a
+    switch on a 2-core CPU (the scheduler's split and the allocator's plan on one thread, the
+    other waiting), two a bet: up to a quarter of a 4 ms step."""
     return build_number("SPECRUN_GRAPH_DIRECT") == 1
 
 
