@@ -414,7 +414,18 @@ def test_chat_needs_a_template():
     )
     assert p.returncode == 1
     assert p.stderr.startswith("specrun: error: gemma-3-270m-q4_k_m.gguf has no chat template")
-    assert "Traceback" not in p.stderr
+    assert "--chat-template" in p.stderr and "Traceback" not in p.stderr
+    # given one (llama.cpp's built-in Gemma format), it chats
+    p = subprocess.run(
+        [SPECRUN, "chat", "-m", "gemma-3-270m-q4_k_m", "--chat-template", "gemma"]
+        + ["--mode", "none", "--ctx", "128", "-n", "6", "--temp", "0"],
+        input="Hello!\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip()
 
 
 @pytest.mark.models

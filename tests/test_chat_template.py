@@ -4,6 +4,7 @@ Gemma 3, Qwen2.5 and Llama 3.2. No model is loaded."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,69 @@ def test_chat_template_kwargs_as_llama_cpp_takes_them() -> None:
     assert parse_kwargs(None) == {}
     with pytest.raises(UsageError, match="takes a JSON object"):
         parse_kwargs("[]")
+
+
+# --chat-template NAME|JINJA and --chat-template-file FILE (llama.cpp's flags): a built-in name
+# renders by llama.cpp's own llama_chat_apply_template, Jinja text as a GGUF's template would.
+
+
+def test_builtin_formats_render_as_llama_cpp_renders_them() -> None:
+    from specrun.chat_template import builtin_templates, render_chat
+
+    names = builtin_templates()
+    assert {"chatml", "gemma", "llama3", "phi3", "mistral-v7"} <= set(names)
+    assert list(names) == sorted(names)
+    # no model is touched for a built-in format: the template comes from the argument
+    assert render_chat(None, CHAT, template="chatml") == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n"
+        "<|im_start|>assistant\nHi.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # the same text the GGUF-style Jinja template of Gemma 3 gives, less its BOS
+    gemma = render_chat(None, CHAT, template="gemma")
+    assert "<bos>" + gemma == render(
+        template("gemma-3-it.jinja"), CHAT, bos_token="<bos>", eos_token="<eos>"
+    )
+    assert not render_chat(None, CHAT[:2], template="chatml", add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\n"
+    )
+    long = [{"role": "user", "content": "x" * 100_000}]  # past the first buffer's size
+    assert render_chat(None, long, template="chatml").count("x") == 100_000
+    with pytest.raises(TemplateError, match="takes no variables|built-in formats"):
+        render_chat(None, CHAT, template="chatml", template_kwargs={"enable_thinking": False})
+
+
+def test_resolve_template_checks_what_the_flags_give(tmp_path: Path) -> None:
+    from specrun.chat_template import parse_kwargs, resolve_template
+    from specrun.errors import UsageError
+
+    assert resolve_template(None, None) is None
+    assert resolve_template("gemma", None) == "gemma"
+    jinja = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    assert resolve_template(jinja, None) == jinja
+    f = tmp_path / "t.jinja"
+    f.write_text(jinja, encoding="utf-8")
+    assert resolve_template(None, str(f)) == jinja
+    cases = [
+        (("chatml", str(f)), "give either --chat-template or --chat-template-file, not both"),
+        (("nonesuch", None), "neither a Jinja template nor one of llama.cpp's built-in formats: "),
+        (("{% for m in messages %}", None), "--chat-template: the chat template does not parse"),
+        ((None, str(tmp_path / "missing.jinja")), "chat template file not found"),
+        ((None, str(tmp_path)), "cannot read chat template file"),
+    ]
+    empty = tmp_path / "empty.jinja"
+    empty.write_text("  \n", encoding="utf-8")
+    cases.append(((None, str(empty)), "is empty"))
+    latin = tmp_path / "latin1.jinja"
+    latin.write_bytes("{{ 'é' }}".encode("latin-1"))
+    cases.append(((None, str(latin)), "is not UTF-8 text"))
+    for (spec, file), msg in cases:
+        with pytest.raises(UsageError, match=re.escape(msg)):
+            resolve_template(spec, file)
+    with pytest.raises(UsageError) as err:
+        resolve_template("nonesuch", None)
+    assert "chatml" in str(err.value) and "\n" not in str(err.value)
+    # variables go to Jinja templates only
+    assert parse_kwargs('{"enable_thinking": false}', template=jinja) == {"enable_thinking": False}
+    with pytest.raises(UsageError, match="built-in formats, which take no variables"):
+        parse_kwargs('{"enable_thinking": false}', template="chatml")

@@ -274,3 +274,50 @@ def test_broken_pipe_is_quiet():
     )
     assert len(p.stdout) == 10
     assert b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr
+
+
+def test_chat_template_flags_render_the_chat_as_its_raw_text(tmp_path):
+    """--chat-template NAME (llama.cpp's built-in format) and --chat-template-file FILE (Jinja)
+    feed the target the tokens of that rendering: the same prompt tokens and, greedy, the same
+    reply as the rendered text given with --raw. `info` says which template is in use."""
+    common = BASE + ["-n", "12", "--temp", "0", "--mode", "none", "--json"]
+    rendered = "<start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+    f = tmp_path / "gemma-like.jinja"
+    f.write_text(
+        "{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+        "{{ m.content }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}",
+        encoding="utf-8",
+    )
+    runs = {
+        "name": run(common + ["--chat-template", "gemma", "--prompt", "Name a colour."]),
+        "file": run(common + ["--chat-template-file", str(f), "--prompt", "Name a colour."]),
+        "raw": run(common + ["--raw", "--prompt", rendered]),
+        "gguf": run(common + ["--prompt", "Name a colour."]),
+    }
+    out = {}
+    for k, p in runs.items():
+        assert p.returncode == 0, (k, p.stderr)
+        out[k] = json.loads(p.stdout)
+    for k in ("name", "file"):
+        assert (out[k]["prompt_tokens"], out[k]["tokens"]) == (
+            out["raw"]["prompt_tokens"],
+            out["raw"]["tokens"],
+        ), k
+    assert out["gguf"]["prompt_tokens"] != out["name"]["prompt_tokens"]  # the GGUF's own ChatML
+    # a contradiction, and a bad template: one line each, exit 2, before any model loads
+    for args, msg in (
+        (["--raw", "--chat-template", "chatml"], b"--raw renders no chat template"),
+        (["--chat-template", "chatm"], b"--chat-template 'chatm' is neither a Jinja template"),
+        (["--chat-template-file", str(tmp_path / "no.jinja")], b"chat template file not found"),
+    ):
+        p = run(BASE + args + ["--prompt", "hi"])
+        assert p.returncode == 2 and p.stderr.startswith(b"specrun: error: " + msg), p.stderr
+        assert p.stderr.count(b"\n") == 1
+    # from the environment, --raw on the command line wins over it
+    p = run(BASE + ["--raw", "-n", "2", "--prompt", "hi"], env={"SPECRUN_CHAT_TEMPLATE": "chatml"})
+    assert p.returncode == 0, p.stderr
+    p = run([SPECRUN, "info", "--json", "--chat-template", "chatml"])
+    assert p.returncode == 0, p.stderr
+    tmpl = json.loads(p.stdout)["models"]["chat_template"]
+    assert tmpl["from"] == "option" and "'chatml', llama.cpp's built-in format" in tmpl["text"]

@@ -77,7 +77,8 @@ class ChatSession:
         if not template:
             raise ChatError(
                 f"{target.path.name} has no chat template, and `specrun chat` needs one "
-                "(use a chat/instruct model, or `specrun generate --raw` for plain completion)"
+                "(give one with --chat-template NAME|JINJA or --chat-template-file FILE, use a "
+                "chat/instruct model, or `specrun generate --raw` for plain completion)"
             )
         self.template: str = template
         self.params = params

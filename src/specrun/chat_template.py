@@ -1,20 +1,38 @@
-"""Messages or a prompt to the target's tokens: the chat template stored in the GGUF, rendered by
-llama/template.py, then tokenized (one BOS, not two). The one place every front end encodes a chat."""
+"""Messages or a prompt to the target's tokens: the chat template stored in the GGUF (or the one
+``--chat-template`` / ``--chat-template-file`` gives), rendered, then tokenized (one BOS, not two).
+The one place every front end encodes a chat.
+
+A template is Jinja text, rendered by llama/template.py, or the name of one of llama.cpp's
+built-in formats (``chatml``, ``gemma``, ``llama3`` ...: ``llama_chat_builtin_templates``),
+rendered by llama.cpp's own ``llama_chat_apply_template``, as llama-server renders
+``--chat-template NAME``."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from specrun.errors import UsageError
-from specrun.llama.template import TemplateError, render
+from specrun.llama.template import TemplateError, check, render
 
 
-def parse_kwargs(text: str | None, flag: str = "--chat-template-kwargs") -> dict[str, Any]:
-    """llama.cpp's ``--chat-template-kwargs '{"enable_thinking": false}'``: a JSON object."""
+def parse_kwargs(
+    text: str | None, flag: str = "--chat-template-kwargs", template: str | None = None
+) -> dict[str, Any]:
+    """llama.cpp's ``--chat-template-kwargs '{"enable_thinking": false}'``: a JSON object, for a
+    Jinja template (``template``: what --chat-template gave, if anything; a built-in format of
+    llama.cpp's takes no variables)."""
     if not text:
         return {}
+    if template is not None and is_builtin(template):
+        raise UsageError(
+            f"{flag} takes a Jinja template; --chat-template {template} is one of llama.cpp's "
+            "built-in formats, which take no variables"
+        )
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -22,6 +40,107 @@ def parse_kwargs(text: str | None, flag: str = "--chat-template-kwargs") -> dict
     if not isinstance(obj, dict):
         raise UsageError(f"{flag} takes a JSON object, e.g. '{{\"enable_thinking\": false}}'")
     return obj
+
+
+@functools.lru_cache(maxsize=1)
+def builtin_templates() -> tuple[str, ...]:
+    """The names of llama.cpp's built-in chat formats (``--chat-template NAME``)."""
+    import llama_cpp as ll
+
+    n = int(ll.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * max(n, 1))()
+    n = min(int(ll.llama_chat_builtin_templates(names, n)), len(names))
+    return tuple(sorted(b.decode() for b in names[: max(n, 0)] if b))
+
+
+def is_builtin(source: str) -> bool:
+    return source in builtin_templates()
+
+
+def resolve_template(spec: str | None, file: str | None) -> str | None:
+    """``--chat-template`` (a built-in name or Jinja text) or ``--chat-template-file`` (Jinja) to
+    the template every chat is then rendered with, checked here, before a model loads; None when
+    neither is given (the GGUF's own template)."""
+    if spec is not None and file is not None:
+        raise UsageError("give either --chat-template or --chat-template-file, not both")
+    if file is not None:
+        path = Path(file).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UsageError(f"chat template file not found: {file}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"chat template file {file} is not UTF-8 text") from None
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read chat template file {file}: {exc.strerror or exc}"
+            ) from None
+        if not text.strip():
+            raise UsageError(f"chat template file {file} is empty")
+        _check(text, f"--chat-template-file {file}")
+        return text
+    if spec is None:
+        return None
+    if is_builtin(spec):
+        return spec
+    if "{{" in spec or "{%" in spec:
+        _check(spec, "--chat-template")
+        return spec
+    raise UsageError(
+        f"--chat-template {spec!r} is neither a Jinja template nor one of llama.cpp's built-in "
+        f"formats: {', '.join(builtin_templates())}"
+    )
+
+
+def _check(source: str, flag: str) -> None:
+    try:
+        check(source)
+    except TemplateError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+def describe_template(source: str | None, given: bool) -> str:
+    """One line for ``specrun info``: where the chat template comes from."""
+    if not source:
+        return "none (the GGUF has none: --chat-template NAME|JINJA, or --raw)"
+    origin = "--chat-template" if given else "the GGUF's"
+    if is_builtin(source):
+        return f"{origin}: {source!r}, llama.cpp's built-in format"
+    return f"{origin}: Jinja, {len(source)} characters"
+
+
+def _render_builtin(
+    name: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool
+) -> str:
+    """llama.cpp's own rendering of a built-in format (text contents only, as llama-server's
+    non-Jinja path)."""
+    import llama_cpp as ll
+
+    chat = (ll.llama_chat_message * max(len(messages), 1))()
+    keep = []  # the bytes the structs point into
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, str):
+            raise TemplateError(
+                f"chat template {name!r}: message {i} has no text content (built-in formats take text)"
+            )
+        role, text = str(m.get("role", "")).encode(), content.encode("utf-8")
+        keep += [role, text]
+        chat[i].role, chat[i].content = role, text
+    size = 1024 + 2 * sum(len(b) for b in keep)
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = int(
+            ll.llama_chat_apply_template(
+                name.encode(), chat, len(messages), add_generation_prompt, buf, size
+            )
+        )
+        if n < 0:
+            raise TemplateError(f"llama.cpp could not apply the chat template {name!r}")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n + 1
+    raise TemplateError(f"llama.cpp's chat template {name!r} kept growing")  # pragma: no cover
 
 
 def _special_text(model: Any, token: int) -> str:
@@ -41,6 +160,13 @@ def render_chat(
     source = template if template is not None else model.chat_template()
     if not source:
         raise TemplateError(f"{model.path.name} has no chat template")
+    if is_builtin(source):
+        if template_kwargs:
+            raise TemplateError(
+                f"--chat-template-kwargs takes a Jinja template; {source!r} is one of llama.cpp's "
+                "built-in formats, which take no variables"
+            )
+        return _render_builtin(source, messages, add_generation_prompt)
     return render(
         source,
         messages,
@@ -94,7 +220,10 @@ def encode_prompt(
             raise UsageError("--system needs the chat template (drop --raw)")
         return list(model.tokenize(text, add_special=True, parse_special=True)), False
     if not model.chat_template():
-        raise UsageError(f"{model.path.name} has no chat template; use --raw")
+        raise UsageError(
+            f"{model.path.name} has no chat template: give one (--chat-template NAME|JINJA, "
+            "--chat-template-file FILE), or use --raw"
+        )
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
     ]

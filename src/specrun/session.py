@@ -30,6 +30,8 @@ class ModelOptions:
     model_draft: str | None = None
     hf_file: str | None = None  # -m is a hub repo and this its file (llama.cpp's --hf-file)
     hf_file_draft: str | None = None
+    chat_template: str | None = None  # --chat-template: a llama.cpp built-in name or Jinja text
+    chat_template_file: str | None = None
     mode: str = defaults.MODE
     draft_max: int | None = None  # None: the pair's draft_max, else DEFAULT_DRAFT_MAX (auto: >= 8)
     draft_min: int = defaults.DRAFT_MIN
@@ -70,6 +72,7 @@ class ModelOptions:
         return {"on": True, "off": False}.get(self.flash_attn.lower())
 
     def validate(self) -> None:
+        self.template_source()  # checked before any model is pulled or loaded
         for flag, c in (("--ctx", self.ctx), ("--ctx-draft", self.ctx_draft)):
             if c is not None and not 16 <= c <= MAX_CTX:
                 raise UsageError(f"{flag} must be 16 to {MAX_CTX}, got {c}")
@@ -107,6 +110,13 @@ class ModelOptions:
                 "--rpc-draft puts the draft on the --rpc workers: give --rpc HOST:PORT too"
             )
         self.spec_config(DEFAULT_DRAFT_MAX).validate()
+
+    def template_source(self) -> str | None:
+        """What --chat-template / --chat-template-file give (a llama.cpp built-in name or Jinja
+        text; the target renders every chat with it), None for the GGUF's own template."""
+        from specrun.chat_template import resolve_template
+
+        return resolve_template(self.chat_template, self.chat_template_file)
 
     def rpc_endpoints(self, draft: bool = False) -> tuple[str, ...]:
         """The workers a model's layers go to ("HOST:PORT" each); the draft's only with --rpc-draft."""
@@ -336,6 +346,9 @@ def load(
         say(f"loading {p.target.name}")
         target = Model(p.target.path, load_opts(0), verbose=opts.verbose)
         models.append(target)
+        template = opts.template_source()
+        if template is not None:
+            target.use_chat_template(template)
         draft = None
         if p.draft is not None:
             say(f"loading {p.draft.name}")

@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
         from specrun.chat_template import parse_kwargs
 
-        extra = parse_kwargs(template_kwargs)
+        extra = parse_kwargs(template_kwargs, template=opts.template_source())
         streams = Streams.detect()
         loaded = load_engine(opts, streams)
         try:

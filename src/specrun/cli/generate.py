@@ -207,9 +207,17 @@ def generate(
         raise UsageError("give the prompt once: PROMPT or --prompt, not both")
     if as_json and json_stream:
         raise UsageError("give either --json or --json-stream, not both")
+    if chat is False:
+        # --raw against a template given on the command line is a contradiction; one that came
+        # from the environment (SPECRUN_CHAT_TEMPLATE) gives way to the command line's --raw.
+        for name in ("chat_template", "chat_template_file"):
+            if getattr(opts, name) is not None and given_on_command_line(click_ctx, name):
+                raise UsageError(
+                    f"--raw renders no chat template: drop --{name.replace('_', '-')} or --raw"
+                )
     from specrun.chat_template import parse_kwargs
 
-    extra = parse_kwargs(template_kwargs)
+    extra = parse_kwargs(template_kwargs, template=opts.template_source())
     text = read_prompt(text if text is not None else prompt, prompt_file)
     structured = as_json or json_stream
     loaded = load_engine(opts, streams)

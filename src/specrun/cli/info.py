@@ -166,6 +166,15 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
             "notes": notes,
         },
     }
+    from specrun.chat_template import describe_template
+
+    given = opts.template_source()
+    gguf = infos[0].get("tokenizer.chat_template") if infos else None
+    source = given if given is not None else (str(gguf) if gguf else None)
+    out["chat_template"] = {
+        "from": "option" if given is not None else ("gguf" if source else None),
+        "text": describe_template(source, given is not None),
+    }
     if p.draft is not None:
         with (
             Model(p.target.path, LoadOptions(vocab_only=True)) as t,
@@ -319,6 +328,8 @@ def render_text(
             f"{pl['flash_attn']}): weights {_gib(e['weights'])} + KV {_gib(e['kv'])} "
             f"+ compute {_gib(e['compute'])} = {_gib(e['total'])}; {where}"
         )
+    if "chat_template" in models:
+        lines.append(f"chat      template: {models['chat_template']['text']}")
     mm = models["memory"]
     verdict = "fits" if mm["fits"] else "does NOT fit"
     lines.append(

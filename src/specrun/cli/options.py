@@ -123,6 +123,30 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
         None,
     ),
     (
+        "chat_template",
+        str | None,
+        _opt(
+            "--chat-template",
+            help="Render chats with this template instead of the GGUF's: one of llama.cpp's built-in formats (chatml, gemma, llama3, ...) or Jinja text, as llama.cpp.",
+            panel=P_MODELS,
+            envvar="SPECRUN_CHAT_TEMPLATE",
+            metavar="NAME|JINJA",
+        ),
+        None,
+    ),
+    (
+        "chat_template_file",
+        str | None,
+        _opt(
+            "--chat-template-file",
+            help="Render chats with the Jinja template in FILE instead of the GGUF's, as llama.cpp.",
+            panel=P_MODELS,
+            envvar="SPECRUN_CHAT_TEMPLATE_FILE",
+            metavar="FILE",
+        ),
+        None,
+    ),
+    (
         "mode",
         str,
         _opt(

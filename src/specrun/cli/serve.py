@@ -76,5 +76,5 @@ def register(app: typer.Typer) -> None:
             api_key=api_key,
             cors=list(cors or []) or None,
             queue=queue,
-            template_kwargs=parse_kwargs(template_kwargs),
+            template_kwargs=parse_kwargs(template_kwargs, template=opts.template_source()),
         )

@@ -113,6 +113,7 @@ class Model:
         init_backend(verbose)
         self.path = Path(path)
         self.opts = opts
+        self._chat_template: str | None = None  # --chat-template (use_chat_template)
         self._model = None
         self._ctx = None
         self._batch: Any = None
@@ -309,8 +310,21 @@ class Model:
         return int(ll.llama_vocab_eos(self._vocab))
 
     def chat_template(self) -> str | None:
+        """The template this model's chats are rendered with: the one given by
+        ``use_chat_template`` (--chat-template), else the GGUF's own."""
+        if self._chat_template is not None:
+            return self._chat_template
+        return self.gguf_chat_template()
+
+    def gguf_chat_template(self) -> str | None:
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
+
+    def use_chat_template(self, source: str | None) -> None:
+        """Render chats with ``source`` (Jinja text or a llama.cpp built-in name, as
+        chat_template.resolve_template checked it) instead of the GGUF's template; None: the
+        GGUF's again."""
+        self._chat_template = source
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)

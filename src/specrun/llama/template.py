@@ -36,7 +36,13 @@ def _formatter(source: str, bos_token: str, eos_token: str, add_generation_promp
             add_generation_prompt=add_generation_prompt,
         )
     except TemplateSyntaxError as exc:
-        raise TemplateError(f"the model's chat template does not parse: {exc}") from None
+        raise TemplateError(f"the chat template does not parse: {exc}") from None
+
+
+def check(source: str) -> None:
+    """Compile ``source`` (a TemplateError when it does not parse): a template given on the
+    command line is checked before any model loads."""
+    _formatter(source, "", "", True)
 
 
 def render(
@@ -57,10 +63,10 @@ def render(
     try:
         return str(formatter(messages=list(messages), **kwargs).prompt)
     except SecurityError as exc:
-        raise TemplateError(f"the model's chat template tried something unsafe: {exc}") from None
+        raise TemplateError(f"the chat template tried something unsafe: {exc}") from None
     except JinjaError as exc:
-        raise TemplateError(f"the model's chat template failed: {exc}") from None
+        raise TemplateError(f"the chat template failed: {exc}") from None
     except ValueError as exc:  # the template's raise_exception(...), as llama-cpp-python raises it
         raise TemplateError(f"chat template: {exc}") from None
     except TypeError as exc:  # e.g. an extra argument the formatter itself takes, given twice
-        raise TemplateError(f"the model's chat template failed: {exc}") from None
+        raise TemplateError(f"the chat template failed: {exc}") from None

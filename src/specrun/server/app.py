@@ -261,7 +261,11 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
     try:
         if req.kind == "chat":
             if not target.chat_template():
-                raise bad(f"{state.model_id} has no chat template: use /v1/completions", "messages")
+                raise bad(
+                    f"{state.model_id} has no chat template: use /v1/completions, or start the "
+                    "server with --chat-template",
+                    "messages",
+                )
             tokens = encode_chat(
                 target, req.messages or [], template_kwargs=state.template_kwargs or None
             )
