@@ -27,7 +27,8 @@ drafter ran: what the machine makes the rows after a batch pay (README, "A bet's
 on a 2-core Zen 3, F16, the next row 0.035-0.045, the rows until the next batch 0-0.15 more).
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]
-[--switch 0.03]
+[--switch 0.03]; ``suffix:N:P`` is the suffix drafter as ``--mode lookup`` with ``--lookup-min N`` and
+a walk floor of P (``suffix`` = ``suffix:2:0.6``).
 """
 
 from __future__ import annotations
@@ -257,6 +258,15 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
     if kind in ("suffix", "suffix-tree"):  # as --mode lookup runs it (2-token matches and up)
         d = SuffixLookup()
         d.fit(defaults.LOOKUP_MIN, auto=False)
+        return FixedPolicy(d), max(draft_max, d.k_max)
+    if kind.startswith("suffix:"):  # suffix:N:P, --mode lookup from N-token matches, walk floor P
+        try:
+            _, n_min, floor = kind.split(":")
+            d = SuffixLookup()
+            d.fit(int(n_min), auto=False)
+            d.min_prob = float(floor)
+        except ValueError:
+            raise SystemExit(f"{kind}: give suffix:N:P, e.g. suffix:1:0.3") from None
         return FixedPolicy(d), max(draft_max, d.k_max)
     if kind == "auto-ngram":
         return AutoPolicy(draft_max, PromptLookup(1, 4), None), draft_max

@@ -321,3 +321,10 @@ def test_chat_template_flags_render_the_chat_as_its_raw_text(tmp_path):
     assert p.returncode == 0, p.stderr
     tmpl = json.loads(p.stdout)["models"]["chat_template"]
     assert tmpl["from"] == "option" and "'chatml', llama.cpp's built-in format" in tmpl["text"]
+    # the file on the command line beats a name from the environment, as any rival option does
+    p = run(
+        [SPECRUN, "info", "--json", "--chat-template-file", str(f)],
+        env={"SPECRUN_CHAT_TEMPLATE": "chatml"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "Jinja" in json.loads(p.stdout)["models"]["chat_template"]["text"]

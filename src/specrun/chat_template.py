@@ -9,15 +9,13 @@ rendered by llama.cpp's own ``llama_chat_apply_template``, as llama-server rende
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specrun.errors import UsageError
-from specrun.llama.template import TemplateError, check, render
+from specrun.llama.template import TemplateError, builtin_names, check, render, render_builtin
 
 
 def parse_kwargs(
@@ -42,15 +40,9 @@ def parse_kwargs(
     return obj
 
 
-@functools.lru_cache(maxsize=1)
 def builtin_templates() -> tuple[str, ...]:
     """The names of llama.cpp's built-in chat formats (``--chat-template NAME``)."""
-    import llama_cpp as ll
-
-    n = int(ll.llama_chat_builtin_templates(None, 0))
-    names = (ctypes.c_char_p * max(n, 1))()
-    n = min(int(ll.llama_chat_builtin_templates(names, n)), len(names))
-    return tuple(sorted(b.decode() for b in names[: max(n, 0)] if b))
+    return builtin_names()
 
 
 def is_builtin(source: str) -> bool:
@@ -109,40 +101,6 @@ def describe_template(source: str | None, given: bool) -> str:
     return f"{origin}: Jinja, {len(source)} characters"
 
 
-def _render_builtin(
-    name: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool
-) -> str:
-    """llama.cpp's own rendering of a built-in format (text contents only, as llama-server's
-    non-Jinja path)."""
-    import llama_cpp as ll
-
-    chat = (ll.llama_chat_message * max(len(messages), 1))()
-    keep = []  # the bytes the structs point into
-    for i, m in enumerate(messages):
-        content = m.get("content")
-        if not isinstance(content, str):
-            raise TemplateError(
-                f"chat template {name!r}: message {i} has no text content (built-in formats take text)"
-            )
-        role, text = str(m.get("role", "")).encode(), content.encode("utf-8")
-        keep += [role, text]
-        chat[i].role, chat[i].content = role, text
-    size = 1024 + 2 * sum(len(b) for b in keep)
-    for _ in range(2):
-        buf = ctypes.create_string_buffer(size)
-        n = int(
-            ll.llama_chat_apply_template(
-                name.encode(), chat, len(messages), add_generation_prompt, buf, size
-            )
-        )
-        if n < 0:
-            raise TemplateError(f"llama.cpp could not apply the chat template {name!r}")
-        if n <= size:
-            return buf.raw[:n].decode("utf-8", "replace")
-        size = n + 1
-    raise TemplateError(f"llama.cpp's chat template {name!r} kept growing")  # pragma: no cover
-
-
 def _special_text(model: Any, token: int) -> str:
     return model.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
 
@@ -166,7 +124,7 @@ def render_chat(
                 f"--chat-template-kwargs takes a Jinja template; {source!r} is one of llama.cpp's "
                 "built-in formats, which take no variables"
             )
-        return _render_builtin(source, messages, add_generation_prompt)
+        return render_builtin(source, messages, add_generation_prompt)
     return render(
         source,
         messages,

@@ -700,6 +700,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
             ("pair", "hf_repo"),
             ("model", "hf_repo"),
             ("model_draft", "hf_repo_draft"),
+            ("chat_template", "chat_template_file"),
         ],
     )
     for hub, plain, file, flag in (

@@ -1,4 +1,5 @@
-"""Render the chat template stored in a GGUF, with llama-cpp-python's own ``Jinja2ChatFormatter``.
+"""Render the chat template stored in a GGUF, with llama-cpp-python's own ``Jinja2ChatFormatter``;
+and llama.cpp's built-in chat formats (``--chat-template NAME``), by llama.cpp itself.
 
 The formatter is the one llama-cpp-python 0.3.36 (pinned) uses for a GGUF's template, and it keeps
 in step with transformers' ``apply_chat_template``: jinja2's immutable sandbox (the template is
@@ -12,6 +13,7 @@ compiled template is reused across turns.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -70,3 +72,50 @@ def render(
         raise TemplateError(f"chat template: {exc}") from None
     except TypeError as exc:  # e.g. an extra argument the formatter itself takes, given twice
         raise TemplateError(f"the chat template failed: {exc}") from None
+
+
+@lru_cache(maxsize=1)
+def builtin_names() -> tuple[str, ...]:
+    """The names of llama.cpp's built-in chat formats (``llama_chat_builtin_templates``), sorted."""
+    import llama_cpp as ll
+
+    n = int(ll.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * max(n, 1))()
+    n = min(int(ll.llama_chat_builtin_templates(names, n)), len(names))
+    return tuple(sorted(b.decode() for b in names[: max(n, 0)] if b))
+
+
+def render_builtin(
+    name: str, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+) -> str:
+    """The prompt text of ``messages`` in llama.cpp's built-in format ``name``, by llama.cpp's own
+    ``llama_chat_apply_template`` (as llama-server renders ``--chat-template NAME``): text
+    contents only, no template variables."""
+    import llama_cpp as ll
+
+    chat = (ll.llama_chat_message * max(len(messages), 1))()
+    keep: list[bytes] = []  # the bytes the structs point into, alive until the call returns
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if not isinstance(content, str):
+            raise TemplateError(
+                f"chat template {name!r}: message {i} has no text content (built-in formats "
+                "take text)"
+            )
+        role, text = str(m.get("role", "")).encode(), content.encode("utf-8")
+        keep += [role, text]
+        chat[i].role, chat[i].content = role, text
+    size = 1024 + 2 * sum(len(b) for b in keep)
+    for _ in range(2):  # the first call says how much it needs when the buffer is short
+        buf = ctypes.create_string_buffer(size)
+        n = int(
+            ll.llama_chat_apply_template(
+                name.encode(), chat, len(messages), add_generation_prompt, buf, size
+            )
+        )
+        if n < 0:
+            raise TemplateError(f"llama.cpp could not apply the chat template {name!r}")
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n + 1
+    raise TemplateError(f"llama.cpp's chat template {name!r} kept growing")  # pragma: no cover
