@@ -546,6 +546,30 @@ def test_bad_requests_leave_it_serving(server: Server) -> None:
     chat(server, Q, 2)
 
 
+def test_chat_template_flag_over_http(pair) -> None:  # type: ignore[no-untyped-def]
+    """--chat-template NAME: /v1/chat/completions renders the messages in that llama.cpp format,
+    so the reply (greedy) and the prompt's tokens are those of /v1/completions given the rendered
+    text; a template that is neither a name nor Jinja stops the server before it loads a model."""
+    s = Server("--chat-template", "gemma", "--mode", "none")
+    try:
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none")
+        r = c.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": Q}], max_tokens=12, temperature=0
+        )
+        rendered = f"<start_of_turn>user\n{Q}<end_of_turn>\n<start_of_turn>model\n"
+        p = c.completions.create(model="x", prompt=rendered, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == p.choices[0].text
+        assert r.usage is not None and p.usage is not None
+        assert r.usage.prompt_tokens == p.usage.prompt_tokens
+    finally:
+        assert s.stop() == 0, s.log()
+    bad = subprocess.run(
+        [*CLI, *BASE, "--chat-template", "gema"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("specrun: error: --chat-template 'gema'")
+    assert bad.stderr.count("\n") == 1
+
+
 @pytest.fixture(scope="module")
 def keyed(pair):  # type: ignore[no-untyped-def]
     s = Server(
