@@ -154,6 +154,8 @@ def test_builtin_formats_render_as_llama_cpp_renders_them() -> None:
     assert render_chat(None, long, template="chatml").count("x") == 100_000
     with pytest.raises(TemplateError, match="takes no variables|built-in formats"):
         render_chat(None, CHAT, template="chatml", template_kwargs={"enable_thinking": False})
+    with pytest.raises(TemplateError, match="message 0 contains a NUL character"):
+        render_chat(None, [{"role": "user", "content": "a\0b"}], template="chatml")
 
 
 def test_resolve_template_checks_what_the_flags_give(tmp_path: Path) -> None:

@@ -327,4 +327,5 @@ def test_chat_template_flags_render_the_chat_as_its_raw_text(tmp_path):
         env={"SPECRUN_CHAT_TEMPLATE": "chatml"},
     )
     assert p.returncode == 0, p.stderr
-    assert "Jinja" in json.loads(p.stdout)["models"]["chat_template"]["text"]
+    text = json.loads(p.stdout)["models"]["chat_template"]["text"]
+    assert text.startswith(f"--chat-template-file {f}: Jinja, ")

@@ -91,11 +91,12 @@ def _check(source: str, flag: str) -> None:
         raise UsageError(f"{flag}: {exc}") from None
 
 
-def describe_template(source: str | None, given: bool) -> str:
-    """One line for ``specrun info``: where the chat template comes from."""
+def describe_template(source: str | None, given: str | None) -> str:
+    """One line for ``specrun info``: the chat template in use and where it comes from (``given``:
+    the option that gave it, else the GGUF's)."""
     if not source:
         return "none (the GGUF has none: --chat-template NAME|JINJA, or --raw)"
-    origin = "--chat-template" if given else "the GGUF's"
+    origin = given or "the GGUF's"
     if is_builtin(source):
         return f"{origin}: {source!r}, llama.cpp's built-in format"
     return f"{origin}: Jinja, {len(source)} characters"

@@ -171,9 +171,14 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     given = opts.template_source()
     gguf = infos[0].get("tokenizer.chat_template") if infos else None
     source = given if given is not None else (str(gguf) if gguf else None)
+    flag = (
+        f"--chat-template-file {opts.chat_template_file}"
+        if opts.chat_template_file is not None
+        else "--chat-template"
+    )
     out["chat_template"] = {
         "from": "option" if given is not None else ("gguf" if source else None),
-        "text": describe_template(source, given is not None),
+        "text": describe_template(source, flag if given is not None else None),
     }
     if p.draft is not None:
         with (

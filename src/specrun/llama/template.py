@@ -103,6 +103,11 @@ def render_builtin(
                 "take text)"
             )
         role, text = str(m.get("role", "")).encode(), content.encode("utf-8")
+        if b"\0" in text or b"\0" in role:  # C strings: the text would end there, unseen
+            raise TemplateError(
+                f"chat template {name!r}: message {i} contains a NUL character (built-in "
+                "formats take C strings)"
+            )
         keep += [role, text]
         chat[i].role, chat[i].content = role, text
     size = 1024 + 2 * sum(len(b) for b in keep)
