@@ -131,9 +131,10 @@ def test_chat_template_kwargs_as_llama_cpp_takes_them() -> None:
 
 
 def test_builtin_formats_render_as_llama_cpp_renders_them() -> None:
-    from specrun.chat_template import builtin_templates, render_chat
+    from specrun.chat_template import render_chat
+    from specrun.llama.template import builtin_names
 
-    names = builtin_templates()
+    names = builtin_names()
     assert {"chatml", "gemma", "llama3", "phi3", "mistral-v7"} <= set(names)
     assert list(names) == sorted(names)
     # no model is touched for a built-in format: the template comes from the argument

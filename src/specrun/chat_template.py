@@ -27,10 +27,7 @@ def parse_kwargs(
     if not text:
         return {}
     if template is not None and is_builtin(template):
-        raise UsageError(
-            f"{flag} takes a Jinja template; --chat-template {template} is one of llama.cpp's "
-            "built-in formats, which take no variables"
-        )
+        raise UsageError(_no_variables(template))
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -40,13 +37,16 @@ def parse_kwargs(
     return obj
 
 
-def builtin_templates() -> tuple[str, ...]:
-    """The names of llama.cpp's built-in chat formats (``--chat-template NAME``)."""
-    return builtin_names()
-
-
 def is_builtin(source: str) -> bool:
-    return source in builtin_templates()
+    """Whether ``source`` names one of llama.cpp's built-in chat formats (not Jinja text)."""
+    return source in builtin_names()
+
+
+def _no_variables(name: str) -> str:
+    return (
+        f"--chat-template-kwargs takes a Jinja template; --chat-template {name} is one of "
+        "llama.cpp's built-in formats, which take no variables"
+    )
 
 
 def resolve_template(spec: str | None, file: str | None) -> str | None:
@@ -80,7 +80,7 @@ def resolve_template(spec: str | None, file: str | None) -> str | None:
         return spec
     raise UsageError(
         f"--chat-template {spec!r} is neither a Jinja template nor one of llama.cpp's built-in "
-        f"formats: {', '.join(builtin_templates())}"
+        f"formats: {', '.join(builtin_names())}"
     )
 
 
@@ -121,10 +121,7 @@ def render_chat(
         raise TemplateError(f"{model.path.name} has no chat template")
     if is_builtin(source):
         if template_kwargs:
-            raise TemplateError(
-                f"--chat-template-kwargs takes a Jinja template; {source!r} is one of llama.cpp's "
-                "built-in formats, which take no variables"
-            )
+            raise TemplateError(_no_variables(source))
         return render_builtin(source, messages, add_generation_prompt)
     return render(
         source,
