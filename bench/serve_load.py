@@ -50,7 +50,7 @@ PASSAGE = (
     "Site in 1981. Climate change, pollution and crown-of-thorns starfish are its main threats; "
     "mass coral bleaching events occurred in 1998, 2002, 2016, 2017 and 2020."
 )
-# The prompts of bench/modes_compare.py and bench/server_compare.py (the README's tables).
+# The prompts of bench/modes_compare.py and bench/server_compare.py (docs/performance.md's tables).
 PROMPTS = {
     "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
     "sorted list in linear time. Include a docstring and a few doctest examples.",

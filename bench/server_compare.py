@@ -12,7 +12,7 @@ llama-server configurations: none (target alone), md:K (`--spec-type draft-simpl
 --spec-draft-n-max K`, the draft's `--spec-draft-p-min` as specrun's; `-md` alone only loads the
 draft), and TYPE (`--spec-type TYPE`, an n-gram drafter,
 e.g. ngram-mod, ngram-cache). Build llama-server from the llama.cpp that llama-cpp-python
-vendors (README, "Against llama.cpp"). specrun configurations: MODE:K as modes_compare names
+vendors (README, "Development"). specrun configurations: MODE:K as modes_compare names
 them (none, draft, lookup (the suffix drafter), ngram (the n-gram lookup before it), hybrid,
 auto, auto-ngram).
 

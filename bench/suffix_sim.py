@@ -23,7 +23,7 @@ way: what any drafter that copies earlier text could reach. A ``bench:`` workloa
 llama-server), as bench/server_compare.py runs them; a ``seq:`` workload's share one process,
 in order.
 ``--switch S`` charges each single row right after a pass of several rows S rows more, whichever
-drafter ran: what the machine makes the rows after a batch pay (README, "A bet's hidden cost":
+drafter ran: what the machine makes the rows after a batch pay (docs/performance.md, "A bet's hidden cost":
 on a 2-core Zen 3, F16, the next row 0.035-0.045, the rows until the next batch 0-0.15 more).
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build and install the pinned llama-cpp-python from its source release with specrun's patches to
-# the llama.cpp it vendors (patches/*.patch: row-exact batched kernels, README "Install it your
-# way"), using $CMAKE_ARGS (-DGGML_LLAMAFILE=OFF added unless it names LLAMAFILE).
+# the llama.cpp it vendors (patches/*.patch: row-exact batched kernels, docs/build.md), using
+# $CMAKE_ARGS (-DGGML_LLAMAFILE=OFF added unless it names LLAMAFILE).
 # Usage: [CMAKE_ARGS=...] scripts/build-llama.sh PYTHON
 set -eu
 PY=${1:?usage: scripts/build-llama.sh PYTHON}
