@@ -40,7 +40,7 @@ from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
 from specrun.session import calibrate_auto
 from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.policy import PRIORS
+from specrun.spec.priors import PRIORS
 
 HERE = Path(__file__).resolve().parent
 CODE = (HERE.parent / "src" / "specrun" / "spec" / "textstream.py").read_text()[:1400]

@@ -40,9 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from specrun import defaults
+from specrun.spec.auto import AutoPolicy
 from specrun.spec.drafters import EMPTY, Proposal
 from specrun.spec.lookup import PromptLookup
-from specrun.spec.policy import AutoPolicy, FixedPolicy, Policy, StepReport
+from specrun.spec.policy import FixedPolicy, Policy, StepReport
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SEP, SuffixAutomaton, SuffixLookup
 

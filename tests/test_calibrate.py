@@ -10,7 +10,7 @@ import pytest
 from test_lookup_policy import FakeDraftModel, FakeLookup, drive
 
 from specrun.spec import calibrate
-from specrun.spec.policy import AutoPolicy
+from specrun.spec.auto import AutoPolicy
 from specrun.spec.sampling import SamplingParams
 
 

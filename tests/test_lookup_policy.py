@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from specrun.spec import costmodel
+from specrun.spec.auto import AutoPolicy
 from specrun.spec.drafters import Proposal
 from specrun.spec.lookup import NgramCache, NgramIndex, PromptLookup
-from specrun.spec.policy import PRIORS, AutoPolicy, StepReport
+from specrun.spec.policy import StepReport
+from specrun.spec.priors import PRIORS
 from specrun.spec.sampling import SamplingParams
 
 
@@ -267,9 +269,9 @@ def test_lookup_is_scored_while_the_draft_model_pays_and_takes_over():
 
 
 def test_one_early_miss_does_not_zero_the_estimate():
-    from specrun.spec.policy import _Acceptance
+    from specrun.spec.estimates import Acceptance
 
-    acc = _Acceptance(0.6, 4)
+    acc = Acceptance(0.6, 4)
     acc.update(2, 0)
     assert 0.2 < acc.estimate()[0] < 0.6
 
@@ -277,9 +279,9 @@ def test_one_early_miss_does_not_zero_the_estimate():
 def test_positions_after_the_first_rejection_are_not_counted():
     """Acceptance is estimated per position *given* the earlier positions were accepted: a
     draft rejected at position 1 says nothing about positions 2 and 3."""
-    from specrun.spec.policy import _Acceptance
+    from specrun.spec.estimates import Acceptance
 
-    acc = _Acceptance(0.6, 4)
+    acc = Acceptance(0.6, 4)
     acc.update(4, 1)
     r = acc.rates()
     assert r[0] > r[1] and r[1] < 0.6  # position 0 accepted, position 1 rejected
@@ -291,9 +293,9 @@ def test_deep_positions_borrow_from_the_pool():
     """A few fully accepted short drafts make the positions they never reached likely too (one
     acceptance process): per-position estimates from a geometric prior each had to be reached
     several times before auto drafted past K = 2 on a draft accepted 98% of the time."""
-    from specrun.spec.policy import _Acceptance
+    from specrun.spec.estimates import Acceptance
 
-    acc = _Acceptance(0.6, 8)
+    acc = Acceptance(0.6, 8)
     for k in (1, 2, 3, 4):
         acc.update(k, k)
     est = acc.estimate()
@@ -306,9 +308,9 @@ def test_deep_positions_borrow_from_the_pool():
 
 
 def test_acceptance_tracks_a_change_of_text():
-    from specrun.spec.policy import _Acceptance
+    from specrun.spec.estimates import Acceptance
 
-    acc = _Acceptance(0.6, 4)
+    acc = Acceptance(0.6, 4)
     for _ in range(40):
         acc.update(4, 4)
     assert acc.estimate()[3] > 0.9
@@ -725,9 +727,9 @@ def test_the_verify_cost_is_rebuilt_only_when_v_moves():
 
 def test_an_acceptance_estimate_follows_its_counts_and_prior():
     """The estimate kept between updates is the one its counts and prior give."""
-    from specrun.spec.policy import _Acceptance
+    from specrun.spec.estimates import Acceptance
 
-    acc = _Acceptance(0.5, 4)
+    acc = Acceptance(0.5, 4)
     first = acc.estimate()
     assert acc.estimate() is first
     acc.update(4, 2)
@@ -736,7 +738,7 @@ def test_an_acceptance_estimate_follows_its_counts_and_prior():
     acc.prior = 0.2
     assert acc.estimate()[3] < moved[3]
     acc.scale(0.5)
-    fresh = _Acceptance(0.2, 4)
+    fresh = Acceptance(0.2, 4)
     fresh.hits, fresh.tries = list(acc.hits), list(acc.tries)
     assert acc.estimate() == pytest.approx(fresh.estimate())
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.spec.policy import AutoPolicy, StepReport
+from specrun.spec.auto import AutoPolicy
+from specrun.spec.policy import StepReport
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
 

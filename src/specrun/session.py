@@ -12,8 +12,8 @@ from specrun import defaults
 from specrun.errors import IncompatiblePairError, ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.store import ProgressFn
+from specrun.spec.auto import AutoPolicy
 from specrun.spec.engine import MAX_DRAFT, Engine, SpecConfig
-from specrun.spec.policy import AutoPolicy
 
 DEFAULT_CTX = defaults.CTX
 DEFAULT_DRAFT_MAX = defaults.DRAFT_MAX

@@ -20,8 +20,9 @@ from specrun import defaults
 from specrun.errors import SpecrunError, UsageError
 from specrun.llama.model import Model
 from specrun.spec import sampling as S
+from specrun.spec.auto import AutoPolicy
 from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
-from specrun.spec.policy import AutoPolicy, FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
+from specrun.spec.policy import FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
 from specrun.spec.stats import SpecStats
 from specrun.spec.textstream import TextStream
 
