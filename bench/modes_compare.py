@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from specrun.bench import load_suite
+from specrun.bench.suite import load_suite
 from specrun.chat_template import encode_chat
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from specrun.bench import load_suite
+from specrun.bench.suite import load_suite
 from specrun.chat_template import encode_chat
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from specrun import bench as B
+from specrun.bench import report as bench_report
+from specrun.bench import run as bench_run
+from specrun.bench import suite as bench_suite
 from specrun.cli.main import main
 from specrun.errors import UsageError
 from specrun.llama.backend import system_info
@@ -26,9 +28,9 @@ SPEC_BENCH_CATEGORIES = (
 
 # -- the suite ------------------------------------------------------------------------------
 def test_builtin_suite_has_every_spec_bench_category_and_code():
-    where, prompts = B.load_suite("builtin")
+    where, prompts = bench_suite.load_suite("builtin")
     assert where == "builtin suite"
-    by_cat: dict[str, list[B.Prompt]] = {}
+    by_cat: dict[str, list[bench_suite.Prompt]] = {}
     for p in prompts:
         by_cat.setdefault(p.category, []).append(p)
     assert set(SPEC_BENCH_CATEGORIES) <= set(by_cat)
@@ -40,7 +42,7 @@ def test_builtin_suite_has_every_spec_bench_category_and_code():
         assert 150 <= len(passage.split()) <= 300
     assert any("```" in p.turns[0] for p in by_cat["code"])  # a code edit of given code
     assert all("Question:" in p.turns[0] for p in by_cat["rag"])
-    assert B.order_columns(prompts) == list(SPEC_BENCH_CATEGORIES)
+    assert bench_suite.order_columns(prompts) == list(SPEC_BENCH_CATEGORIES)
 
 
 def test_spec_bench_lines_parse_and_limit_selects_per_category():
@@ -55,13 +57,16 @@ def test_spec_bench_lines_parse_and_limit_selects_per_category():
             json.dumps({"question_id": "t2", "category": "translation", "turns": ["f"]}),
         ]
     )
-    prompts = B.parse_suite(text, "x.jsonl")
+    prompts = bench_suite.parse_suite(text, "x.jsonl")
     assert [p.question_id for p in prompts] == ["1", "2", "t1", "t2"]
     assert [p.column for p in prompts] == ["mt_bench", "mt_bench", "translation", "translation"]
-    assert [p.question_id for p in B.select(prompts, limit=1)] == ["1", "t1"]
-    assert [p.question_id for p in B.select(prompts, categories=["translation"])] == ["t1", "t2"]
+    assert [p.question_id for p in bench_suite.select(prompts, limit=1)] == ["1", "t1"]
+    assert [p.question_id for p in bench_suite.select(prompts, categories=["translation"])] == [
+        "t1",
+        "t2",
+    ]
     with pytest.raises(UsageError, match="--categories: no prompts in nope"):
-        B.select(prompts, categories=["nope"])
+        bench_suite.select(prompts, categories=["nope"])
 
 
 GOOD = json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky blue?"]})
@@ -87,7 +92,7 @@ GOOD = json.dumps({"question_id": 1, "category": "qa", "turns": ["Why is the sky
 )
 def test_malformed_line_is_named_by_its_number(bad, why):
     with pytest.raises(UsageError) as exc:
-        B.parse_suite(GOOD + "\n" + bad + "\n", "s.jsonl")
+        bench_suite.parse_suite(GOOD + "\n" + bad + "\n", "s.jsonl")
     assert str(exc.value).startswith("s.jsonl:2: ")
     assert why in str(exc.value)
 
@@ -114,17 +119,17 @@ def test_prediction_is_the_cost_model_for_a_fixed_k_draft_run():
         st.record_timing(k + 1, 0.03, 4 * 0.005, k)
     c, v5 = 0.005 / t1, 0.03 / t1
     want = predicted_speedup(st.per_position_acceptance(), k, c, lambda n: v5 if n == 5 else 1.0)
-    assert B.predict_speedup(st, t1) == pytest.approx(want)
+    assert bench_run.predict_speedup(st, t1) == pytest.approx(want)
     # passes where the drafter had nothing cost V(1) and yield one token
     st.record_pass("none", 0, 0)
     st.record_timing(1, t1, 0.0, 0)
-    assert B.predict_speedup(st, t1) < want
-    assert B.predict_speedup(st, None) is None
+    assert bench_run.predict_speedup(st, t1) < want
+    assert bench_run.predict_speedup(st, None) is None
 
 
 def test_geomean_ignores_missing():
-    assert B.geomean([2.0, 0.5, 0.0]) == pytest.approx(1.0)
-    assert B.geomean([]) is None
+    assert bench_report.geomean([2.0, 0.5, 0.0]) == pytest.approx(1.0)
+    assert bench_report.geomean([]) is None
 
 
 # -- end to end on the default pair ----------------------------------------------------------
@@ -257,14 +262,14 @@ class _FakeEngine:
 def test_runner_alternates_configurations_compares_and_follows_turns():
     log: list = []
     engines = [
-        (B.Config("none", 0), _FakeEngine("none", [1, 2, 3, 4], 10.0, log)),
-        (B.Config("x", 2), _FakeEngine("x", [1, 2, 3, 4], 20.0, log)),
-        (B.Config("y", 2), _FakeEngine("y", [1, 2, 9, 9], 5.0, log)),
+        (bench_run.Config("none", 0), _FakeEngine("none", [1, 2, 3, 4], 10.0, log)),
+        (bench_run.Config("x", 2), _FakeEngine("x", [1, 2, 3, 4], 20.0, log)),
+        (bench_run.Config("y", 2), _FakeEngine("y", [1, 2, 9, 9], 5.0, log)),
     ]
     prompts = [
-        B.Prompt("1", "writing", ("hi", "more")),
-        B.Prompt("2", "qa", ("q" * 60,)),
-        B.Prompt("3", "qa", ("why",)),
+        bench_suite.Prompt("1", "writing", ("hi", "more")),
+        bench_suite.Prompt("2", "qa", ("q" * 60,)),
+        bench_suite.Prompt("3", "qa", ("why",)),
     ]
     seen: list[list[dict]] = []
 
@@ -272,9 +277,9 @@ def test_runner_alternates_configurations_compares_and_follows_turns():
         seen.append([dict(m) for m in messages])
         return [0] * sum(len(m["content"]) for m in messages)
 
-    settings = B.BenchSettings(max_tokens=4, repeats=2, all_turns=True)
+    settings = bench_run.BenchSettings(max_tokens=4, repeats=2, all_turns=True)
     warnings: list[str] = []
-    res = B.run_bench(engines, prompts, encode, settings, warn=warnings.append)
+    res = bench_run.run_bench(engines, prompts, encode, settings, warn=warnings.append)
     assert log[:3] == [("none", 2, 4), ("x", 2, 4), ("y", 2, 4)]  # warm-up, each once
     measured = [m for m, _, _ in log[3:]]
     assert measured[:6] == ["none", "x", "y", "x", "y", "none"]  # rotated per repeat
@@ -285,8 +290,8 @@ def test_runner_alternates_configurations_compares_and_follows_turns():
         {"role": "user", "content": "more"},
     ]
     assert warnings == ["skipping prompt 2 (qa) turn 1: the prompt is too long"]
-    assert B.count_runs(prompts, 3, settings) == 4 * 3 * 2 + 3
-    rows = {r.config.label: r for r in B.summarize(res)}
+    assert bench_run.count_runs(prompts, 3, settings) == 4 * 3 * 2 + 3
+    rows = {r.config.label: r for r in bench_report.summarize(res)}
     assert rows["x K=2"].speedup == pytest.approx(2.0)
     assert rows["y K=2"].speedup_by_column == {
         "mt_bench": pytest.approx(0.5),
@@ -313,19 +318,23 @@ def test_baseline_spread_is_how_far_the_targets_own_repeats_ran_apart():
     # warm-up, then prompt 1's three repeats (9..11: 20% apart), prompt 2's (8..12: 40%)
     speeds = [10.0, 10.0, 9.0, 11.0, 10.0, 12.0, 8.0]
     engines = [
-        (B.Config("none", 0), Varying(speeds, "none", [1, 2], 10.0, log)),
-        (B.Config("x", 2), _FakeEngine("x", [1, 2], 20.0, log)),
+        (bench_run.Config("none", 0), Varying(speeds, "none", [1, 2], 10.0, log)),
+        (bench_run.Config("x", 2), _FakeEngine("x", [1, 2], 20.0, log)),
     ]
-    prompts = [B.Prompt("1", "qa", ("a",)), B.Prompt("2", "qa", ("b",))]
-    res = B.run_bench(engines, prompts, lambda m: [0], B.BenchSettings(max_tokens=2, repeats=3))
-    spread = B.baseline_spread(res.runs)
+    prompts = [bench_suite.Prompt("1", "qa", ("a",)), bench_suite.Prompt("2", "qa", ("b",))]
+    res = bench_run.run_bench(
+        engines, prompts, lambda m: [0], bench_run.BenchSettings(max_tokens=2, repeats=3)
+    )
+    spread = bench_report.baseline_spread(res.runs)
     assert spread == {"median": pytest.approx(0.3), "max": pytest.approx(0.4), "prompts": 2}
-    note = B.spread_note(spread)
+    note = bench_report.spread_note(spread)
     assert note is not None and "30.0% apart" in note and "at most 40.0%" in note
-    md = B.markdown(B.summarize(res), res.columns, "# t", note)
+    md = bench_report.markdown(bench_report.summarize(res), res.columns, "# t", note)
     assert md.rstrip().endswith("own variation.") and "Noise: the target alone" in md
     # one repeat: nothing to compare
-    alone = [(B.Config("none", 0), _FakeEngine("none", [1, 2], 10.0, log))]
-    one = B.run_bench(alone, prompts, lambda m: [0], B.BenchSettings(max_tokens=2, repeats=1))
+    alone = [(bench_run.Config("none", 0), _FakeEngine("none", [1, 2], 10.0, log))]
+    one = bench_run.run_bench(
+        alone, prompts, lambda m: [0], bench_run.BenchSettings(max_tokens=2, repeats=1)
+    )
     assert len([r for r in one.runs if r.mode == "none"]) == 2
-    assert B.baseline_spread(one.runs) is None and B.spread_note(None) is None
+    assert bench_report.baseline_spread(one.runs) is None and bench_report.spread_note(None) is None

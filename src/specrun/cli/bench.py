@@ -1,4 +1,4 @@
-"""The `specrun bench` command: options in, bench.py's runner and report out."""
+"""The `specrun bench` command: options in, bench/run.py's runner and bench/report.py's report out."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
-from specrun import bench as B
+from specrun.bench import report as bench_report
+from specrun.bench import run as bench_run
+from specrun.bench import suite as bench_suite
 from specrun.chat_template import encode_chat
 from specrun.cli.common import Streams, err_console, load_engine
 from specrun.cli.console import console
@@ -106,20 +108,20 @@ def bench(
     and the cost model's prediction beside each measurement."""
 
     streams = Streams.detect()
-    mode_list = B.parse_modes(modes)
-    ks = B.parse_ks(draft_max)
-    settings = B.BenchSettings(
+    mode_list = bench_run.parse_modes(modes)
+    ks = bench_run.parse_ks(draft_max)
+    settings = bench_run.BenchSettings(
         max_tokens=max_tokens, repeats=repeats, params=params, all_turns=all_turns, warmup=warmup
     )
     settings.validate()
-    where, prompts = B.load_suite(suite)
+    where, prompts = bench_suite.load_suite(suite)
     cats = [c.strip() for c in categories.split(",") if c.strip()] if categories else None
-    prompts = B.select(prompts, limit, cats)
+    prompts = bench_suite.select(prompts, limit, cats)
     if plot_out is not None:
-        B.check_plot_available()
+        bench_report.check_plot_available()
     # The loader loads a draft model unless it is told the mode needs none.
     opts = replace(
-        opts, mode="auto" if B.needs_draft_model(mode_list) else "none", draft_max=max(ks)
+        opts, mode="auto" if bench_run.needs_draft_model(mode_list) else "none", draft_max=max(ks)
     )
     opts.validate()
     err = err_console()
@@ -127,10 +129,10 @@ def bench(
     try:
         target = loaded.engine.target
         draft = loaded.engine.draft_model.model if loaded.engine.draft_model is not None else None
-        engines, skipped = B.build_engines(
+        engines, skipped = bench_run.build_engines(
             target,
             draft,
-            B.configs_for(mode_list, ks),
+            bench_run.configs_for(mode_list, ks),
             ks,
             draft_min=opts.draft_min,
             draft_p_min=opts.draft_p_min,
@@ -149,10 +151,10 @@ def bench(
             text = "\n\n".join(m["content"] for m in messages)
             return target.tokenize(text, add_special=True, parse_special=False)
 
-        total = B.count_runs(prompts, len(engines), settings)
-        result = _run_with_progress(B, engines, prompts, encode, settings, total, streams, err)
+        total = bench_run.count_runs(prompts, len(engines), settings)
+        result = _run_with_progress(engines, prompts, encode, settings, total, streams, err)
         result.skipped = skipped
-        rows = B.summarize(result)
+        rows = bench_report.summarize(result)
 
         names = f"{loaded.plan.target.name}" + (
             f" + {loaded.plan.draft.name}" if loaded.plan.draft is not None else ""
@@ -167,7 +169,7 @@ def bench(
 
         out = console(stderr=False, file=sys.stdout, width=None if streams.stdout_tty else 200)
         out.print(rich_table(rows, result.columns, title=title))
-        note = B.spread_note(B.baseline_spread(result.runs))
+        note = bench_report.spread_note(bench_report.baseline_spread(result.runs))
         if note:
             out.print(note, soft_wrap=True, highlight=False)
         sys.stdout.flush()
@@ -176,7 +178,7 @@ def bench(
             print(f"specrun: warning: {busy}", file=sys.stderr)
 
         if json_out is not None or md_out is not None:
-            machine = B.machine_info(loaded.models)
+            machine = bench_report.machine_info(loaded.models)
         if json_out is not None:
             from specrun.session import describe
 
@@ -207,7 +209,8 @@ def bench(
             }
             _write(
                 json_out,
-                json.dumps(B.to_json(result, rows, meta), indent=1, ensure_ascii=False) + "\n",
+                json.dumps(bench_report.to_json(result, rows, meta), indent=1, ensure_ascii=False)
+                + "\n",
             )
         if md_out is not None:
             header = (
@@ -215,9 +218,9 @@ def bench(
                 f"threads {'/'.join(str(t) for t in machine['threads'])}, {machine['date']}"
                 + (f"\n\n**Warning:** {busy}." if busy else "")
             )
-            _write(md_out, B.markdown(rows, result.columns, header, note))
+            _write(md_out, bench_report.markdown(rows, result.columns, header, note))
         if plot_out is not None:
-            B.plot(rows, plot_out, title)
+            bench_report.plot(rows, plot_out, title)
             print(f"specrun: wrote {plot_out}", file=sys.stderr)
         if result.interrupted:
             raise KeyboardInterrupt
@@ -242,7 +245,6 @@ def _write(path: Path, text: str) -> None:
 
 
 def _run_with_progress(
-    B: Any,
     engines: Any,
     prompts: Any,
     encode: Any,
@@ -253,7 +255,7 @@ def _run_with_progress(
 ) -> Any:
     """The runner under a Rich progress bar on stderr (a terminal only, as the contract says)."""
     if not streams.stderr_tty:
-        return B.run_bench(
+        return bench_run.run_bench(
             engines,
             prompts,
             encode,
@@ -288,7 +290,7 @@ def _run_with_progress(
             started[0] = True
             bar.update(task, description=desc)
 
-        result = B.run_bench(
+        result = bench_run.run_bench(
             engines,
             prompts,
             encode,
@@ -303,8 +305,10 @@ def _run_with_progress(
 def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
     from rich.table import Table
 
-    head, body = B.table_data(rows, columns)
-    t = Table(title=title, title_justify="left", caption=B.CAPTION, caption_justify="left")
+    head, body = bench_report.table_data(rows, columns)
+    t = Table(
+        title=title, title_justify="left", caption=bench_report.CAPTION, caption_justify="left"
+    )
     for i, h in enumerate(head):
         t.add_column(
             h,
