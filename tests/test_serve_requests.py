@@ -87,6 +87,20 @@ def test_unsupported_is_refused_by_name(body, param) -> None:  # type: ignore[no
     )
 
 
+@pytest.mark.parametrize(
+    "role,code,message",
+    [
+        ("tool", "unsupported_parameter", "tool messages (tool calling) are not supported"),
+        ("wizard", "invalid_value", "the role 'wizard' is not supported"),
+    ],
+)
+def test_a_role_outside_the_four_is_refused(role, code, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(APIError) as e:
+        parse_request({"messages": [{"role": role, "content": "x"}]}, "chat", DEFAULTS, 1024)
+    assert e.value.status == 400 and e.value.param == "messages[0].role" and e.value.code == code
+    assert str(e.value) == (f"messages[0].role: {message} (system, developer, user, assistant)")
+
+
 def test_harmless_defaults_of_clients_pass() -> None:
     chat(
         logprobs=False,

@@ -218,9 +218,9 @@ def parse_messages(v: Any) -> list[dict[str, str]]:
             raise bad(f"{p}.role is required (a string)", f"{p}.role", "invalid_type")
         if role not in ROLES:
             what = (
-                "tool messages (tool calling)"
+                "tool messages (tool calling) are"
                 if role in ("tool", "function")
-                else f"the role {role!r}"
+                else f"the role {role!r} is"
             )
             raise bad(
                 f"{p}.role: {what} not supported (system, developer, user, assistant)",
