@@ -239,3 +239,14 @@ def test_info_on_an_incompatible_pair_says_why():
     assert r.returncode == 0, r.stderr
     mi = json.loads(r.stdout)["models"]
     assert mi["compatible"] is False and mi["problems"]
+
+
+def test_version_names_specrun_and_llama_cpp_python():
+    from importlib import metadata
+
+    from specrun import __version__
+
+    want = f"specrun {__version__} (llama-cpp-python {metadata.version('llama-cpp-python')})\n"
+    for flag in ("--version", "-V"):
+        r = _run(flag)
+        assert (r.returncode, r.stdout, r.stderr) == (0, want, "")

@@ -21,7 +21,10 @@ from specrun.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="bench")(bench)
+    app.command(
+        name="bench",
+        short_help="Every speculation mode against the target alone on a prompt suite.",
+    )(bench)
 
 
 @sampling_options()

@@ -20,7 +20,10 @@ from specrun.machine import machine_info
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="info")(info)
+    app.command(
+        name="info",
+        short_help="What this build and machine can do, and what a model or pair will need.",
+    )(info)
 
 
 def _version(dist: str) -> str | None:

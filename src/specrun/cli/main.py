@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Annotated
 
 import typer
 
@@ -18,6 +19,37 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib import metadata
+
+    from specrun import __version__
+
+    try:
+        llama = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        llama = "not installed"
+    typer.echo(f"specrun {__version__} (llama-cpp-python {llama})")
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_print_version,
+            is_eager=True,
+            help="Print specrun's version and llama-cpp-python's, and exit.",
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 def _mount_subcommands() -> None:

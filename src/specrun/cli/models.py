@@ -170,7 +170,9 @@ def path_cmd(
         print(p)
 
 
-@app.command()
+@app.command(
+    short_help="Check a pair (compatibility, acceptance, speed-up), or the registry's files."
+)
 def check(
     names: Annotated[
         list[str] | None,

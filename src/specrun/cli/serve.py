@@ -10,7 +10,7 @@ from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="An OpenAI-compatible HTTP server over the same engine.")
     @sampling_options()
     @model_options()
     def serve(
