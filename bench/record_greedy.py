@@ -48,10 +48,17 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pair", default="smollm2-135m", help="the target of this registry pair")
+    ap.add_argument(
+        "--chat-template",
+        default=None,
+        help="a built-in format's name or Jinja, for a target without a template (as specrun's flag)",
+    )
     a = ap.parse_args()
     reg = Registry.load()
     pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=2))
+    if a.chat_template:
+        target.use_chat_template(a.chat_template)
     engine = Engine(target, None, SpecConfig(mode="none"))
     out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
     for key in a.workloads:
