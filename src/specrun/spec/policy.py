@@ -1,5 +1,5 @@
 """Which drafter drafts, and how far, at each step: the interface the engine calls, and the
-fixed policies.
+policies whose rule is fixed.
 
 - ``FixedPolicy``: one drafter, always ``draft_max`` (modes ``draft`` and ``lookup``).
 - ``HybridPolicy``: prompt lookup first; the draft model where lookup has nothing.
