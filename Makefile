@@ -9,14 +9,14 @@ GPU    ?=
 PYTEST_ARGS ?=
 
 LLAMA_CPP_PIN := llama-cpp-python==0.3.36
-# GGML_LLAMAFILE=OFF: llamafile's tinyBLAS runs batches of 2+ rows but not single rows, so a
-# target pass over K+1 drafted rows summed in a different order than one-token decoding and greedy
-# output could differ from the target's own at near-ties (logits ~1e-2 apart). Without it every
-# batch size takes ggml's own kernels and batched logits equal one-at-a-time logits bit for bit,
-# at the same speed on CPU (README.md, "Install it your way").
+# GGML_LLAMAFILE=ON, with patches/ (sgemm-prompts): llamafile's tinyBLAS sums a row otherwise than
+# the kernels a single row takes, so it may only take batches longer than any verify pass (66+
+# rows: a prompt's, computed alike whether or not a run speculates), where it is fast (F16 and
+# F32 prompts 1.1-1.6x). Verify passes and single rows take ggml's own kernels, row-exact: a row
+# verified among K+1 gets the logits it gets alone, bit for bit (README.md, "Install it your way").
 # GGML_RPC=ON: llama.cpp's RPC backend, for `specrun worker` and `--rpc` (README.md, "Across
 # machines").
-LLAMA_CMAKE := -DGGML_LLAMAFILE=OFF -DGGML_RPC=ON
+LLAMA_CMAKE := -DGGML_LLAMAFILE=ON -DGGML_RPC=ON
 ifeq ($(GPU),cuda)
   CMAKE_ARGS := $(LLAMA_CMAKE) -DGGML_CUDA=on
 else ifeq ($(GPU),metal)
@@ -31,7 +31,8 @@ endif
 # check in C; AMX's tile configuration loaded whole; a few rows of Q8_0 / Q4_0 / Q4_1 / K-quants
 # on AMX weights by the one-row kernels' arithmetic; Q5_0 by AVX512-VNNI; weight rows fetched
 # ahead of a single row's quantized matmul on Intel; a few rows split among the threads as one
-# is, and a single F16 row by the multi-column kernel): a new patch rebuilds.
+# is, and a single F16 row by the multi-column kernel; llamafile's sgemm on prompts only): a new
+# patch rebuilds.
 PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
 LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 

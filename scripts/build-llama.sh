@@ -1,7 +1,8 @@
 #!/bin/sh
 # Build and install the pinned llama-cpp-python from its source release with specrun's patches to
 # the llama.cpp it vendors (patches/*.patch: row-exact batched kernels, docs/build.md), using
-# $CMAKE_ARGS (-DGGML_LLAMAFILE=OFF added unless it names LLAMAFILE).
+# $CMAKE_ARGS (-DGGML_LLAMAFILE=ON added unless it names LLAMAFILE: patches/ leave llamafile's
+# sgemm only a prompt's batches, longer than any verify pass).
 # Usage: [CMAKE_ARGS=...] scripts/build-llama.sh PYTHON
 set -eu
 PY=${1:?usage: scripts/build-llama.sh PYTHON}
@@ -15,10 +16,11 @@ for p in "$ROOT"/patches/llama-cpp-python-$PIN-*.patch; do
   echo "applying $(basename "$p")"
   (cd "$tmp/llama_cpp_python-$PIN" && git apply -p1 "$p")
 done
-# Without llamafile's sgemm every batch size runs the same kernels (README): unless told otherwise.
+# sgemm on a prompt's batches only; verify passes and single rows run the same kernels
+# (docs/build.md): unless told otherwise.
 case "${CMAKE_ARGS:-}" in
   *GGML_LLAMAFILE*) ;;
-  *) CMAKE_ARGS="-DGGML_LLAMAFILE=OFF ${CMAKE_ARGS:-}" ;;
+  *) CMAKE_ARGS="-DGGML_LLAMAFILE=ON ${CMAKE_ARGS:-}" ;;
 esac
 echo "CMAKE_ARGS=$CMAKE_ARGS"
 CMAKE_ARGS="$CMAKE_ARGS" "$PY" -m pip install --quiet --force-reinstall --no-cache-dir --no-deps \

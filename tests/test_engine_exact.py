@@ -56,8 +56,8 @@ def baselines(pairs):
 def test_batched_logits_equal_one_at_a_time(pairs, pair_name, long_context):
     """What greedy exactness rests on: a row verified inside a batch of K + 1 gets exactly the
     logits it gets when the target decodes it alone. Fails on a llama.cpp built with llamafile's
-    sgemm (batches of 2+ rows sum in another order than single rows): build with
-    CMAKE_ARGS=-DGGML_LLAMAFILE=OFF, as `make install` does. The long context (400+ tokens) is
+    sgemm on every batch (batches of 2+ rows sum in another order than single rows): build with
+    patches/ (sgemm on prompts' batches only), as `make install` does. The long context (400+ tokens) is
     where llama.cpp's CPU flash attention parts batched rows from single ones: runtime.py turns
     it off on the CPU unless asked for."""
 

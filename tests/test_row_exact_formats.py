@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import SMOL_TARGET, THREADS, assert_rows_exact
+from conftest import SMOL_TARGET, THREADS, assert_rows_exact, build_number_with
 
+from specrun.llama.backend import batch_exact_cpu, system_info
 from specrun.llama.buffers import amx_batches_sound, cpu_extra_buffer_types
 from specrun.llama.model import LoadOptions, Model
 from specrun.llama.quantize import quantize
@@ -119,3 +120,54 @@ def test_flash_attention_by_blocks_agrees_with_attention_without_it(model_path):
     diff = np.abs(out[True] - out[False])
     assert (out[True].argmax(axis=1) == out[False].argmax(axis=1)).all()
     assert diff.mean() < 0.02 and diff.max() < 0.15, (diff.mean(), diff.max())
+
+
+@pytest.mark.parametrize("fmt", ["F32", "F16", "Q8_0", "Q4_K_M"])
+def test_a_prompt_cut_in_two_long_batches_is_computed_as_whole(model_path, fmt):
+    """Batches longer than any verify pass (a prompt's) may take llamafile's sgemm (patches/:
+    the build says SPECRUN_SGEMM_ROWS) and flash attention's tiled path: each sums a row alike
+    in any such batch, so a prompt decoded in two batches of 66+ rows leaves the same cache as
+    the prompt decoded whole (the next row's logits, bit for bit), as a server's prefix reuse
+    and chunks of --batch-size need."""
+    import numpy as np
+
+    from specrun.llama.backend import MAX_VERIFY_ROWS
+
+    path = derived(model_path, fmt)
+    m = Model(path, LoadOptions(n_ctx=1024, n_threads=THREADS, n_outputs_max=16))
+    try:
+        prompt = m.tokenize(TEXT * 8, add_special=True)
+        cut = len(prompt) // 2
+        assert min(cut, len(prompt) - cut - 1) > MAX_VERIFY_ROWS
+        m.decode(prompt[:-1], 0, None)
+        m.decode(prompt[-1:], len(prompt) - 1, 0)
+        whole = m.logits(0).copy()
+        m.clear()
+        m.decode(prompt[:cut], 0, None)
+        m.decode(prompt[cut:-1], cut, None)
+        m.decode(prompt[-1:], len(prompt) - 1, 0)
+        parted = m.logits(0)
+        assert np.array_equal(whole, parted), f"{fmt}: up to {np.max(np.abs(whole - parted)):.1e}"
+    finally:
+        m.close()
+
+
+@pytest.mark.skipif(
+    "SPECRUN_SGEMM_ROWS" not in system_info(), reason="a build without llamafile's sgemm on prompts"
+)
+def test_sgemm_takes_only_batches_longer_than_a_verify_pass():
+    """The build reports the bound (`specrun info`'s system line, so a calibration is keyed by
+    it): 66 rows, one more than the longest verify pass; SPECRUN_SGEMM_ROWS raises it (never
+    under 66) or, at 0, keeps sgemm off. Row-exact either way."""
+    assert batch_exact_cpu()
+    assert build_number_with("SPECRUN_SGEMM_ROWS", None) == 66
+    assert build_number_with("SPECRUN_SGEMM_ROWS", "0") == 0
+    assert build_number_with("SPECRUN_SGEMM_ROWS", "2") == 66
+    assert build_number_with("SPECRUN_SGEMM_ROWS", "5000") == 5000
+
+
+def test_the_exact_bound_is_the_longest_verify_pass():
+    from specrun.llama.backend import MAX_VERIFY_ROWS
+    from specrun.spec.engine import MAX_DRAFT
+
+    assert MAX_VERIFY_ROWS == MAX_DRAFT + 1

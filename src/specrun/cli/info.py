@@ -58,6 +58,8 @@ def build_info() -> dict[str, Any]:
         "mlock": runtime.supports_mlock(),
         "system_info": sysinfo,
         "batch_exact_cpu": runtime.batch_exact_cpu(),
+        # patches/: llamafile's sgemm takes a prompt's batches of N+ rows, never a verify pass (0: none)
+        "prompt_sgemm_rows": runtime.sgemm_rows(),
         "batched_q8_0_kernel": cols >= 1,
         "batched_k_quant_kernel": cols >= 3,
         "batched_q5_0_kernel": cols >= 4,
@@ -246,10 +248,16 @@ def render_text(
                 if b["batched_q8_0_kernel"] or b.get("batched_f16_kernel")
                 else ""
             )
+            + (
+                f"; prompt batches of {b['prompt_sgemm_rows']}+ rows take llamafile's sgemm "
+                "(longer than any verify pass; patches/)"
+                if b.get("prompt_sgemm_rows")
+                else ""
+            )
             if b["batch_exact_cpu"]
-            else "built with llamafile's sgemm: batched rows sum in another order than single rows, so "
-            "greedy speculation can differ from the target alone at near-ties; rebuild with "
-            "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (make install does)"
+            else "built with llamafile's sgemm on every batch: batched rows sum in another order than "
+            "single rows, so greedy speculation can differ from the target alone at near-ties; rebuild "
+            "with make install (patches/), or with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF"
         ),
         "graphs    "
         + (

@@ -286,13 +286,31 @@ def flash_attn_block() -> int:
 
 
 def batch_exact_cpu() -> bool:
-    """Whether CPU matmuls give the same numbers for a row decoded alone and in a batch.
+    """Whether CPU matmuls give the same numbers for a row decoded alone and in a verify pass.
 
     llamafile's tinyBLAS (a build default) takes batches of 2+ rows and leaves single rows to
     ggml's vec_dot, which sums in another order: logits then differ by ~1e-2 and greedy
-    speculation can part from the target alone at near-ties. ``make install`` builds without it.
+    speculation can part from the target alone at near-ties. patches/ leave it only the batches
+    longer than a verify pass can be (``sgemm_rows``), a prompt's: exact either way.
     """
-    return "LLAMAFILE = 1" not in system_info()
+    rows = sgemm_rows()
+    return rows == 0 or rows > MAX_VERIFY_ROWS
+
+
+MAX_VERIFY_ROWS = 65  # the longest verify pass (spec.engine.MAX_DRAFT drafts + 1)
+
+
+def sgemm_rows() -> int:
+    """The fewest rows of a batch that llamafile's sgemm takes in this build (patches/: the
+    build says SPECRUN_SGEMM_ROWS = N; its kernels are fast on a prompt's batches, 1.1-1.6x
+    llama.cpp's others for F16 and F32 weights here), 0 where it takes none: a build
+    without it, or ``SPECRUN_SGEMM_ROWS=0``. An unpatched build with it takes every batch of 2+
+    rows: 2."""
+    if "LLAMAFILE = 1" not in system_info():
+        return 0
+    if "SPECRUN_SGEMM_ROWS" not in system_info():
+        return 2
+    return build_number("SPECRUN_SGEMM_ROWS")
 
 
 @dataclass(frozen=True)
