@@ -92,14 +92,21 @@ class DecodeLog:
         model.decode = decode  # type: ignore[method-assign]
 
     def watch(self, engine: Engine) -> None:
-        """Log from the end of the engine's prefill (target and drafters) on."""
-        orig = engine.policy.prefill
+        """Log from the end of the engine's prefill (target and drafters) on, less the draft
+        model's prefill when the engine defers it past the first token (``catch_up``)."""
+        orig, orig_catch_up = engine.policy.prefill, engine.policy.catch_up
 
-        def prefill(tokens):  # type: ignore[no-untyped-def]
-            orig(tokens)
+        def prefill(tokens, defer_model=False):  # type: ignore[no-untyped-def]
+            orig(tokens, defer_model)
+            self.on = True
+
+        def catch_up(tokens):  # type: ignore[no-untyped-def]
+            self.on = False
+            orig_catch_up(tokens)
             self.on = True
 
         engine.policy.prefill = prefill  # type: ignore[method-assign]
+        engine.policy.catch_up = catch_up  # type: ignore[method-assign]
 
     def run(
         self, engine: Engine, toks: list[int], n: int

@@ -317,3 +317,40 @@ def test_context_end(model_path, pair_name):
         if want.finish_reason == "length":
             # The context is used to the last position: the final token is emitted unevaluated.
             assert len(toks) + len(want.tokens) == n_ctx + 1
+
+
+@pytest.mark.parametrize("mode", ["draft", "auto"])
+def test_the_first_token_comes_before_the_draft_model_reads_the_prompt(pairs, baselines, mode):
+    """Time to first token is the target's prefill and one row: the first pass is plain, and the
+    draft model reads the prompt (all of it, once) only after that pass's Step is out; the
+    reply is still the target's own, and the stats count the draft's reading as prefill."""
+    from specrun.spec.engine import Step
+
+    target, draft = pairs["smollm2"]
+    engine = Engine(target, draft, SpecConfig(mode=mode, draft_max=4))
+    assert engine.draft_model is not None
+    real = engine.draft_model.prefill
+    steps: list[Step] = []
+    read: list[tuple[int, int]] = []  # (rows the draft model read, Steps out by then)
+
+    def prefill(toks, evaluate=True):  # type: ignore[no-untyped-def]
+        n = real(toks, evaluate)
+        if evaluate:
+            read.append((n, len(steps)))
+        return n
+
+    engine.draft_model.prefill = prefill  # type: ignore[method-assign]
+    toks = prompt_tokens(target, "code")
+    result = None
+    for ev in engine.generate(toks, max_tokens=N, params=GREEDY, reuse_cache=False):
+        if isinstance(ev, Step):
+            steps.append(ev)
+        else:
+            result = ev
+    assert read == [(len(toks), 1)]
+    assert steps[0].drafter == "none" and len(steps[0].tokens) == 1
+    assert any(s.drafter == "draft" for s in steps[1:])
+    assert result is not None
+    assert_same_as_target(result, baselines["smollm2", "code"], f"{mode}, first token first")
+    assert result.stats.prefill_tokens == len(toks)
+    assert result.stats.prefill_seconds > 0.0

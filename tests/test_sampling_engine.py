@@ -102,7 +102,15 @@ def first_two(
     engine.reset()  # the fixtures' models are shared with other engines and modules
     pairs, stats = [], []
     for seed in seeds:
-        r = engine.run(prompt, max_tokens=2, params=replace(WIDE, seed=seed), reuse_cache=True)
+        # The first position drafted (not the engine's plain first pass, which serves time to
+        # first token): p and q there are first_dists'.
+        r = engine.run(
+            prompt,
+            max_tokens=2,
+            params=replace(WIDE, seed=seed),
+            reuse_cache=True,
+            first_token_first=False,
+        )
         pairs.append(tuple(r.tokens))  # shorter than 2 only after an end-of-generation token
         stats.append(r.stats)
     return pairs, stats

@@ -91,7 +91,7 @@ class AutoPolicy(Policy):
         for key in [k for k in self.acc if k.startswith("lookup")]:
             del self.acc[key]
 
-    def prefill(self, tokens: list[int]) -> None:
+    def prefill(self, tokens: list[int], defer_model: bool = False) -> None:
         """The draft model reads the prompt only where it may run: where even a draft accepted
         whole that never stops would not clear the re-try bar (probe_bar) at the measured costs,
         auto does not re-try it, nor, with its acceptance unmeasured (the prior's 0.6), choose
@@ -102,6 +102,13 @@ class AutoPolicy(Policy):
         token under auto, 0.60 s under plain decoding."""
         if self.lookup is not None:
             self.lookup.prefill(tokens)
+        if self.model is not None:
+            self.model.prefill(tokens, evaluate=not defer_model and self.draft_may_run())
+
+    def model_reads_prompt(self) -> bool:
+        return self.draft_may_run()
+
+    def catch_up(self, tokens: list[int]) -> None:
         if self.model is not None:
             self.model.prefill(tokens, evaluate=self.draft_may_run())
 

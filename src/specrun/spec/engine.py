@@ -272,8 +272,12 @@ class Engine:
         params: S.SamplingParams | None = None,
         stop: Sequence[str] = (),
         reuse_cache: bool = True,
+        first_token_first: bool = True,
     ) -> Iterator[Step | Result]:
-        """Yield one ``Step`` per target pass, then the ``Result``."""
+        """Yield one ``Step`` per target pass, then the ``Result``. ``first_token_first``: the
+        first pass is plain and the draft model reads the prompt after its Step (below); False:
+        before the first pass, which may then be drafted (a test of the first position's
+        distribution)."""
         params = params or S.SamplingParams()
         self.check_prompt(prompt)
         if max_tokens < 0:
@@ -287,9 +291,14 @@ class Engine:
         llama0 = self._llama_seconds()
 
         t0 = time.perf_counter()
+        # The draft model reads the prompt after the first token is out, not before: that
+        # token needs the target alone, so the first step is plain and the draft model's
+        # prefill (catch_up) follows its Step. Time to first token is then the target's
+        # prefill and one row; the draft's reading still counts as prefill in the stats.
+        deferred = first_token_first and self.policy.model_reads_prompt()
         # Prompt tokens this generation evaluates: the prefill plus the pending last token,
         # which the first target pass evaluates (a reused cache makes this the new turn only).
-        st.prefill_tokens = self._prefill(run.tokens) + 1
+        st.prefill_tokens = self._prefill(run.tokens, deferred) + 1
         st.prefill_seconds = time.perf_counter() - t0
         llama_prefill = self._llama_seconds() - llama0
 
@@ -314,7 +323,7 @@ class Engine:
                     run.finish = "length"
                     break
                 # Never verify more than can be emitted or than the context holds.
-                k = min(draft_max, remaining - 1, target.n_ctx - base)
+                k = 0 if deferred else min(draft_max, remaining - 1, target.n_ctx - base)
                 name, prop = "none", EMPTY
                 t_step = time.perf_counter()
                 declined = None
@@ -376,6 +385,14 @@ class Engine:
                 st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
                 if out_tokens:
                     yield Step(out_tokens, flags, "".join(text_parts), name, k_used, n_acc, st)
+                if deferred and run.finish is None:
+                    deferred = False
+                    t_c, llama_c = time.perf_counter(), self._llama_seconds()
+                    policy.catch_up(run.tokens)
+                    catch_up_s = time.perf_counter() - t_c
+                    st.prefill_seconds += catch_up_s
+                    t_decode += catch_up_s  # not decoding time
+                    llama_prefill += self._llama_seconds() - llama_c
         finally:
             st.decode_seconds = time.perf_counter() - t_decode
             st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
@@ -410,15 +427,16 @@ class Engine:
             s += self.draft_model.model.llama_seconds
         return s
 
-    def _prefill(self, tokens: list[int]) -> int:
-        """Bring the target (and the drafter) to 'all but the last token evaluated'."""
+    def _prefill(self, tokens: list[int], defer_model: bool = False) -> int:
+        """Bring the target (and the drafters) to 'all but the last token evaluated'
+        (``defer_model``: Policy.prefill)."""
         from specrun.spec.drafters import _common_prefix
 
         keep = min(_common_prefix(self.target.cached, tokens), len(tokens) - 1)
         self.target.truncate(keep)
         todo = tokens[keep:-1]
         self.target.decode(todo, keep)
-        self.policy.prefill(tokens)
+        self.policy.prefill(tokens, defer_model)
         return len(todo)
 
     def _rollback_to(self, valid: int) -> None:

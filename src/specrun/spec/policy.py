@@ -54,9 +54,27 @@ class Policy:
         its first position reached this (``StepReport.target_sure``); asked after each ``draft``."""
         return 0.0
 
-    def prefill(self, tokens: list[int]) -> None:
+    def prefill(self, tokens: list[int], defer_model: bool = False) -> None:
+        """Bring the drafters to "all but the last token evaluated". ``defer_model``: a draft
+        model only drops what it holds past the tokens it shares with ``tokens`` and reads the
+        rest in ``catch_up``, which the engine calls once the first token is out."""
         for d in self.drafters:
-            d.prefill(tokens)
+            if defer_model and isinstance(d, DraftModel):
+                d.prefill(tokens, evaluate=False)
+            else:
+                d.prefill(tokens)
+
+    def model_reads_prompt(self) -> bool:
+        """Whether a prefill would have a draft model read the prompt (time before the first
+        token that the engine may defer: ``prefill(defer_model=True)``, then ``catch_up``)."""
+        return any(isinstance(d, DraftModel) for d in self.drafters)
+
+    def catch_up(self, tokens: list[int]) -> None:
+        """A deferred prefill's rest: the draft model reads what it has not read of
+        ``tokens[:-1]``, all of it (no window: it is the prompt the draft will copy from)."""
+        for d in self.drafters:
+            if isinstance(d, DraftModel):
+                d.prefill(tokens)
 
     def rollback(self, valid_len: int) -> None:
         for d in self.drafters:
