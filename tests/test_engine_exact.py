@@ -349,7 +349,8 @@ def test_the_first_token_comes_before_the_draft_model_reads_the_prompt(pairs, ba
             result = ev
     assert read == [(len(toks), 1)]
     assert steps[0].drafter == "none" and len(steps[0].tokens) == 1
-    assert any(s.drafter == "draft" for s in steps[1:])
+    if mode == "draft":  # auto drafts where its costs say so, which may be nowhere here
+        assert any(s.drafter == "draft" for s in steps[1:])
     assert result is not None
     assert_same_as_target(result, baselines["smollm2", "code"], f"{mode}, first token first")
     assert result.stats.prefill_tokens == len(toks)
