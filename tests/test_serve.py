@@ -327,6 +327,33 @@ def test_prefix_reuse_across_turns(server: Server) -> None:
     assert r2["timings"]["cache_n"] == cached
 
 
+def test_a_switch_between_conversations_keeps_both_caches(server: Server) -> None:
+    """An editor or agent interleaves conversations: the one a request switches away from is
+    copied to memory (--cache-ram) and put back when its next turn comes, which then evaluates
+    only its tail, and replies as it would have had the server never switched (the copy is the
+    computed cache, bit for bit)."""
+    passage = (
+        "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
+        "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
+        "Queensland, Australia. It was selected as a World Heritage Site in 1981."
+    )
+    turn1 = [{"role": "user", "content": passage + " Summarize this in one sentence."}]
+    r1 = chat(server, turn1, 24)
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "When was it made a World Heritage Site?"},
+    ]
+    direct = chat(server, turn2, 16)  # the next turn at once: the live cache
+    other = "Write a Python class `Queue` with enqueue and dequeue methods, with docstrings. " * 3
+    chat(server, other, 8)  # another conversation takes the engine
+    again = chat(server, turn2, 16)  # back: the copy is put back
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= again["usage"]["prompt_tokens"] - 2, (cached, again["usage"])
+    assert again["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+
+
+LONG = "word " * 1500
 LONG = "word " * 1500
 BAD: list[tuple[str, Any, int, str | None]] = [
     # (path, body (bytes: raw), status, param)
@@ -711,3 +738,16 @@ def test_load_200_requests_8_clients(server: Server) -> None:
     assert codes.count(200) == 200, {c: codes.count(c) for c in set(codes)}
     growth = (max(samples[i] for i in range(20, 201)) - samples[20]) / 1024
     assert growth < 16, (growth, samples[20], samples[200])
+
+
+def test_cache_ram_below_minus_one_is_refused() -> None:
+    p = subprocess.run(
+        [*CLI, "serve", "--cache-ram", "-2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "--cache-ram must be -1 (no limit), 0 (off) or MiB, got -2" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -54,6 +54,16 @@ def register(app: typer.Typer) -> None:
                 envvar="SPECRUN_QUEUE",
             ),
         ] = 64,
+        cache_ram: Annotated[
+            int,
+            typer.Option(
+                "--cache-ram",
+                metavar="MIB",
+                help="Memory for earlier prompts' KV caches, so a switch between conversations "
+                "does not evaluate each again (-1: no limit, 0: off). llama.cpp: --cache-ram.",
+                envvar="SPECRUN_CACHE_RAM",
+            ),
+        ] = 8192,
         template_kwargs: TemplateKwargs = None,
         opts: Any = None,
         params: Any = None,
@@ -68,6 +78,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--port must be 0 to 65535, got {port}")
         if queue < 1:
             raise UsageError(f"--queue must be >= 1, got {queue}")
+        if cache_ram < -1:
+            raise UsageError(f"--cache-ram must be -1 (no limit), 0 (off) or MiB, got {cache_ram}")
         run(
             opts,
             params,
@@ -76,5 +88,6 @@ def register(app: typer.Typer) -> None:
             api_key=api_key,
             cors=list(cors or []) or None,
             queue=queue,
+            cache_ram=cache_ram,
             template_kwargs=parse_kwargs(template_kwargs, template=opts.template_source()),
         )

@@ -520,6 +520,29 @@ class Model:
         ll.llama_memory_clear(self._mem, True)
         self._held.clear()
 
+    def save_state(self) -> tuple[tuple[int, ...], bytes]:
+        """What the KV cache holds (its tokens, and their cells as llama.cpp writes a sequence's
+        state): a copy in memory that ``load_state`` puts back bit for bit (a server's cache of
+        earlier prompts)."""
+        size = int(ll.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(ll.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        if got != size:
+            raise SpecrunError(
+                f"{self.path.name}: could not copy the KV cache ({got} of {size} bytes)"
+            )
+        return tuple(self._held), bytes(buf)
+
+    def load_state(self, tokens: Sequence[int], data: bytes) -> None:
+        """Put back a ``save_state`` copy of this model's cache in this context: the cache then
+        holds ``tokens``. On failure the cache is left empty."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(ll.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) == 0:
+            self.clear()
+            raise SpecrunError(f"{self.path.name}: could not restore a saved KV cache")
+        self._held = list(tokens)
+
     def _probe_truncate(self) -> bool:
         """Whether this model's memory can drop a tail; recurrent/hybrid memories cannot."""
         if self.is_recurrent:

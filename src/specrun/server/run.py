@@ -14,6 +14,7 @@ from typing import Any
 
 from specrun.errors import SpecrunError
 from specrun.server.app import MAX_BODY, ServerState, create_app
+from specrun.server.prompt_cache import PromptCache
 from specrun.server.status import Status
 from specrun.server.worker import EngineWorker, Job
 
@@ -50,6 +51,7 @@ def serve(
     api_key: str | None = None,
     cors: list[str] | None = None,
     queue: int = 64,
+    cache_ram: int = 8192,
     template_kwargs: dict[str, Any] | None = None,
     max_body: int = MAX_BODY,
     tty: bool | None = None,
@@ -123,13 +125,23 @@ def serve(
         state.model_id = loaded.plan.target.name
         state.draft_id = loaded.plan.draft.name if loaded.plan.draft is not None else None
         state.n_ctx = engine.target.n_ctx
-        worker = EngineWorker(engine, queue, on_done)
+        cache = (
+            PromptCache(cache_ram * 1024 * 1024 if cache_ram > 0 else -1)
+            if cache_ram != 0 and not engine.target.is_recurrent
+            else None
+        )
+        worker = EngineWorker(engine, queue, on_done, cache)
         status.worker, status.metrics = worker, state.metrics
         state.worker = worker  # last: /health turns 200 now
         draft = f" + draft {state.draft_id}" if state.draft_id else ""
         status.log(
             f"ready: {state.model_id}{draft}, mode {engine.mode}, context {state.n_ctx}, "
             f"queue {queue}"
+            + (
+                f", prompt cache {'no limit' if cache_ram < 0 else f'{cache_ram} MiB'}"
+                if cache is not None
+                else ""
+            )
         )
 
     server.on_exit = lambda: _cancel_all(state)

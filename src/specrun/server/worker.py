@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specrun.errors import SpecrunError
+from specrun.server.prompt_cache import PromptCache
 from specrun.server.requests import GenRequest
 from specrun.spec.engine import Result, Step
 
@@ -46,9 +47,14 @@ class EngineWorker:
     """Runs jobs on the engine, in order, one at a time."""
 
     def __init__(
-        self, engine: Any, max_queue: int, on_done: Callable[[Job, list[Result], str], None]
+        self,
+        engine: Any,
+        max_queue: int,
+        on_done: Callable[[Job, list[Result], str], None],
+        cache: PromptCache | None = None,
     ) -> None:
         self.engine = engine
+        self.cache = cache  # earlier prompts' KV caches (prompt_cache.py), or none
         self.max_queue = max_queue
         self.on_done = on_done
         self._q: queue.Queue[Job | None] = queue.Queue()
@@ -116,6 +122,8 @@ class EngineWorker:
         state = "done"
         before = engine.configure(**req.spec) if req.spec else None
         try:
+            if self.cache is not None and req.cache_prompt:
+                self.cache.prepare(engine, job.tokens)
             for i in range(req.n):
                 gen = engine.generate(
                     job.tokens,

@@ -185,6 +185,16 @@ class DraftModel:
             self._append([tok], 0)
         return Proposal(out, dists)
 
+    def save_state(self) -> tuple[list[int], tuple[tuple[int, ...], bytes]]:
+        """A copy of what the draft holds, for ``load_state`` (a server's prompt cache)."""
+        return list(self._pos), self.model.save_state()
+
+    def load_state(self, state: tuple[list[int], tuple[tuple[int, ...], bytes]]) -> None:
+        pos, (tokens, data) = state
+        self.reset()
+        self.model.load_state(tokens, data)
+        self._pos = list(pos)
+
     def room(self, n_tokens: int) -> int:
         """Longest draft the context still holds after ``n_tokens`` tokens."""
         held = self._next_pos(self.n_cached) + (n_tokens - self.n_cached)
