@@ -351,6 +351,9 @@ def test_a_switch_between_conversations_keeps_both_caches(server: Server) -> Non
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= again["usage"]["prompt_tokens"] - 2, (cached, again["usage"])
     assert again["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    m = httpx.get(f"{server.url}/metrics", timeout=30).text
+    restored = re.search(r'^specrun_prompt_cache\{what="restored"\} (\S+)$', m, re.M)
+    assert restored is not None and float(restored.group(1)) >= 1, m[-2000:]
 
 
 LONG = "word " * 1500

@@ -143,6 +143,9 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
         if w is not None:
             state.metrics.deferred.set(w.waiting)
             state.metrics.processing.set(1 if w.running is not None else 0)
+            if w.cache is not None:
+                for what, v in w.cache.stats().items():
+                    state.metrics.prompt_cache.labels(what).set(v)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/chat/completions")

@@ -73,6 +73,12 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.prompt_cache = Gauge(
+            "specrun_prompt_cache",
+            "The cache of earlier prompts (--cache-ram): entries, bytes, copies saved and put back.",
+            ["what"],
+            registry=r,
+        )
         self._pos_drafted: list[int] = []
         self._pos_accepted: list[int] = []
         self.totals = {
