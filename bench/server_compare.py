@@ -31,6 +31,8 @@ different texts of the same length).
     .venv/bin/python bench/server_compare.py --llama-server /path/llama-server --pair smollm2-135m \\
         --specrun none,draft:4,lookup:4,auto:8 --server none,md:4,ngram-mod --repeats 2 -n 128
     .venv/bin/python bench/server_compare.py --llama-server /path/llama-server \\
+        --pair gemma3-270m --chat-template gemma --prompts bench:qa,bench:code
+    .venv/bin/python bench/server_compare.py --llama-server /path/llama-server \\
         --prompts seq:code_edit,seq:sql --specrun none,ngram:4,lookup:4,auto:8 \\
         --server none,ngram-mod,ngram-cache
 """
@@ -211,9 +213,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--chat-template",
+        default=None,
+        help="a built-in format's name or Jinja, for a target without a template (as specrun's "
+        "flag); both sides get the prompt tokens it renders",
+    )
     args = ap.parse_args()
 
-    from specrun.chat_template import encode_chat
+    from specrun.chat_template import encode_chat, resolve_template
     from specrun.llama.backend import physical_cores
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
@@ -229,8 +237,10 @@ def main() -> int:
     jobs = jobs_for(prompts, args.suite, args.limit)
     results: dict[str, dict[str, list[float]]] = {}
 
+    template = resolve_template(args.chat_template, None)
     lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
     target = Model(tpath, lo)
+    target.use_chat_template(template)
     draft = Model(
         dpath,
         LoadOptions(
