@@ -85,3 +85,48 @@ def test_a_skipped_prefill_keeps_only_the_shared_prefix_and_catches_up_when_aske
     d.prefill(other)
     assert d.propose(other, 4, GREEDY, rng, True).tokens == got
     d.reset()
+
+
+def test_catch_up_evidence_is_what_the_draft_proposes_at_each_token(smol_draft):
+    """``evidence``: each row of a catch-up says what the draft, sure or not, would have proposed
+    after it, against the token that came next; the same as decoding the prefix alone and asking
+    it. The proposal itself is the one a catch-up without evidence makes."""
+    toks = _tokens(smol_draft)
+    rng = np.random.default_rng(0)
+    d = DraftModel(smol_draft, p_min=0.6)
+    d.reset()
+    d.prefill(toks[:12])
+    prop = d.propose(toks[:30], 3, GREEDY, rng, True, evidence=True)
+    ev = d.last_evidence
+    assert len(ev) == 30 - 11 - 1  # every caught-up token but the last
+    d.reset()
+    d.prefill(toks[:12])
+    assert d.propose(toks[:30], 3, GREEDY, rng, True).tokens == prop.tokens
+    assert d.last_evidence == []  # not asked for
+    # Each row against the draft decoding its prefix: what it proposes next, and whether sure.
+    from specrun.spec import sampling as S
+
+    for i, (sure, hit) in enumerate(ev):
+        n = 11 + i + 1  # the prefix the row's logits follow
+        smol_draft.clear()
+        smol_draft.decode(toks[:n], 0, logits_from=n - 1)
+        lg = smol_draft.logits(-1)
+        assert hit == (S.greedy(lg) == toks[n])
+        assert sure == (S.top_prob(lg) >= 0.6)
+    assert any(hit for _, hit in ev) and any(sure for sure, _ in ev)
+    d.reset()
+
+
+def test_no_evidence_from_a_sampled_draft_or_a_single_row(smol_draft):
+    toks = _tokens(smol_draft)
+    rng = np.random.default_rng(0)
+    d = DraftModel(smol_draft)
+    d.reset()
+    d.prefill(toks[:12])
+    d.propose(toks[:20], 2, SamplingParams(temp=0.8, seed=0), rng, False, evidence=True)
+    assert d.last_evidence == []  # sampled: acceptance is not an argmax
+    d.reset()
+    d.prefill(toks[:20])
+    d.propose(toks[:20], 2, GREEDY, rng, True, evidence=True)
+    assert d.last_evidence == []  # one row caught up: nothing before the proposal
+    d.reset()

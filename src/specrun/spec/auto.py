@@ -263,7 +263,15 @@ class AutoPolicy(Policy):
             # was accepted whole, draft one more (as adaptive-K heuristics do).
             k = min(k + 1, k_model)
         self._asked = k
-        return "draft", self.model.propose(tokens, k, params, rng, greedy_draft, window=window)
+        return "draft", self.model.propose(
+            tokens,
+            k,
+            params,
+            rng,
+            greedy_draft,
+            window=window,
+            evidence=self.priors.evidence_weight > 0.0,
+        )
 
     def _draft_could_run(self, v: costmodel.VerifyCost, k: int) -> bool:
         """Whether the draft model can run this step, by upper bounds of what decides it: a
@@ -353,10 +361,25 @@ class AutoPolicy(Policy):
         catch-up's own cost per row is kept apart (lookup is priced with it)."""
         rows, secs = self.model.last_catch_up if self.model is not None else (0, 0.0)
         self.costs.observe_catch_up(rows, secs)
+        self._observe_evidence()
         if rows <= 1:
             self.costs.observe_draft(steps, draft_s)
         elif steps > 1 and draft_s > secs:
             self.costs.observe_draft(steps - 1, draft_s - secs)
+
+    def _observe_evidence(self) -> None:
+        """The draft's last catch-up, row by row (``AutoPriors.evidence_weight``): each row where
+        it was sure of the next token is a first-position proposal, hit or missed. Read once."""
+        ev = getattr(self.model, "last_evidence", None)
+        w = self.priors.evidence_weight
+        if not ev or w <= 0.0:
+            return
+        assert self.model is not None
+        self.model.last_evidence = []
+        acc = self._acc("draft")
+        for sure, hit in ev:
+            if sure:
+                acc.add(0, hit, w)
 
     def _observe_tokens(self, tokens: Sequence[int]) -> None:
         """Lookup's acceptance, from the tokens the steps commit: each proposal lookup made,

@@ -86,11 +86,16 @@ class DraftModel:
         self._pos: list[int] = []
         self.skipped = 0  # tokens skipped by windowed catch-ups (stats, tests)
         self.last_catch_up: tuple[int, float] = (0, 0.0)  # rows and seconds of the last catch-up
+        # What the last catch-up showed of the draft, row by row (propose's ``evidence``): for
+        # each token it read but the last, (sure, hit): whether it was sure of its next token (at
+        # p_min) and whether that token is the one that came next.
+        self.last_evidence: list[tuple[bool, bool]] = []
 
     def reset(self) -> None:
         self.model.clear()
         self._pos = []
         self.last_catch_up = (0, 0.0)
+        self.last_evidence = []
 
     def _next_pos(self, upto: int) -> int:
         """Cache position right after the last token held among ``tokens[:upto]``."""
@@ -148,9 +153,14 @@ class DraftModel:
         rng: np.random.Generator,
         greedy_draft: bool,
         window: int | None = None,
+        evidence: bool = False,
     ) -> Proposal:
         """Up to ``k`` tokens after ``tokens``. ``window``: catch up on at most that many of the
-        tokens the draft has not seen (the last ones), skipping the rest."""
+        tokens the draft has not seen (the last ones), skipping the rest. ``evidence`` (greedy):
+        the catch-up's rows give logits too, and each says what the draft would have proposed
+        there, against the token that followed (``last_evidence``): under greedy decoding, what
+        the target would have accepted of it."""
+        self.last_evidence = []
         k = min(k, self.room(len(tokens)))
         if k <= 0:
             return EMPTY
@@ -161,9 +171,16 @@ class DraftModel:
             self._pos.extend([-1] * gap)
             self.skipped += gap
         catch_up = tokens[self.n_cached :]
+        n_up = len(catch_up)
+        scored = evidence and greedy_draft and 2 <= n_up <= min(self.model.n_outputs_max, 65)
         t0 = time.perf_counter()
-        self._append(catch_up, len(catch_up) - 1)
-        self.last_catch_up = (len(catch_up), time.perf_counter() - t0)
+        self._append(catch_up, 0 if scored else n_up - 1)
+        if scored:
+            for i in range(n_up - 1):
+                lg = m.logits(i)
+                sure = not (self.p_min > 0.0 and S.top_prob_below(lg, self.p_min, self._native))
+                self.last_evidence.append((sure, S.greedy(lg) == catch_up[i + 1]))
+        self.last_catch_up = (n_up, time.perf_counter() - t0)
         out: list[int] = []
         dists: list[S.Dist] | None = None if greedy_draft else []
         while True:

@@ -55,11 +55,12 @@ class Acceptance:
             self.tries[i] *= keep
         self._est = None
 
-    def add(self, i: int, hit: bool) -> None:
-        """Position ``i`` of the last draft was tried (its positions before it accepted)."""
+    def add(self, i: int, hit: bool, weight: float = 1.0) -> None:
+        """Position ``i`` of the last draft was tried (its positions before it accepted), worth
+        ``weight`` observations."""
         if i < self.k:
-            self.hits[i] += 1.0 if hit else 0.0
-            self.tries[i] += 1.0
+            self.hits[i] += weight if hit else 0.0
+            self.tries[i] += weight
             self._est = None
 
     def scale(self, w: float) -> None:

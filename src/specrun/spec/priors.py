@@ -104,6 +104,15 @@ class AutoPriors:
     # steps. Unpriced, the draft was chosen on a summary after a lookup stretch at a predicted
     # 1.22x, paid a 16-row catch-up (64 ms, ~2.5 target steps) and then proposed nothing.
     catch_up_horizon: int = 4
+    # Each token of a draft catch-up of 2+ tokens (a re-try, or the draft chosen after another
+    # drafter's stretch; DraftModel.propose's evidence) where the draft was sure of the next token
+    # counts as a first-position proposal, hit or missed, worth this many observations (0: not
+    # read). Under greedy decoding the draft's choice there, read off the catch-up's own logits
+    # (~0.1 ms a row), is what the target would have accepted. Without it the draft's acceptance
+    # moved only when the draft proposed: two early first-position misses sank it where no K
+    # pays, and the re-tries that followed mostly proposed nothing (the Stack class: auto 1.01-1.07x
+    # in some processes against the draft's 1.39x).
+    evidence_weight: float = 1.0
 
     def accept_prior(self, key: str) -> float:
         """The base prior of a drafter's acceptance ("draft", "lookup:N")."""
