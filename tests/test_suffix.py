@@ -246,7 +246,7 @@ class _AskedModel:
     def __init__(self):
         self.asked = []
 
-    def propose(self, tokens, k, params, rng, greedy_draft, window=None):
+    def propose(self, tokens, k, params, rng, greedy_draft, window=None, evidence=False):
         from specrun.spec.drafters import Proposal
 
         self.asked.append(k)
