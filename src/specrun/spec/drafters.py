@@ -160,7 +160,8 @@ class DraftModel:
         the catch-up's rows give logits too, and each says what the draft would have proposed
         there, against the token that followed (``last_evidence``): under greedy decoding, what
         the target would have accepted of it."""
-        self.last_evidence = []
+        if self.last_evidence:  # not read (a policy that does not ask); no list per step else
+            self.last_evidence = []
         k = min(k, self.room(len(tokens)))
         if k <= 0:
             return EMPTY
@@ -172,14 +173,18 @@ class DraftModel:
             self.skipped += gap
         catch_up = tokens[self.n_cached :]
         n_up = len(catch_up)
-        scored = evidence and greedy_draft and 2 <= n_up <= min(self.model.n_outputs_max, 65)
+        scored = evidence and greedy_draft and 2 <= n_up <= m.n_outputs_max
         t0 = time.perf_counter()
         self._append(catch_up, 0 if scored else n_up - 1)
         if scored:
-            for i in range(n_up - 1):
-                lg = m.logits(i)
-                sure = not (self.p_min > 0.0 and S.top_prob_below(lg, self.p_min, self._native))
-                self.last_evidence.append((sure, S.greedy(lg) == catch_up[i + 1]))
+            p_min, native = self.p_min, self._native
+            self.last_evidence = [
+                (
+                    not (p_min > 0.0 and S.top_prob_below(m.logits(i), p_min, native)),
+                    S.greedy(m.logits(i)) == catch_up[i + 1],
+                )
+                for i in range(n_up - 1)
+            ]
         self.last_catch_up = (n_up, time.perf_counter() - t0)
         out: list[int] = []
         dists: list[S.Dist] | None = None if greedy_draft else []
