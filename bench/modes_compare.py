@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from specrun.bench.suite import load_suite
-from specrun.chat_template import encode_chat
+from specrun.chat_template import encode_chat, resolve_template
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
 from specrun.session import calibrate_auto
@@ -269,6 +269,11 @@ def main() -> None:
         help="comma list of MODE:K, e.g. none,draft:2,draft:3,lookup:4,auto:4 "
         "(default: none,draft:4,lookup:4,hybrid:4,auto:4)",
     )
+    ap.add_argument(
+        "--chat-template",
+        default=None,
+        help="a built-in format's name or Jinja, for a target without a template (as specrun's flag)",
+    )
     a = ap.parse_args()
     global CONFIGS
     if a.configs:
@@ -281,6 +286,8 @@ def main() -> None:
     reg = Registry.load()
     pair = reg.pair(a.pair)
     target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
+    if a.chat_template:
+        target.use_chat_template(resolve_template(a.chat_template, None))
     draft = Model(
         reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True)
     )

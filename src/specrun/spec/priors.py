@@ -85,7 +85,14 @@ class AutoPriors:
     # ones; DraftModel.propose's window). A full catch-up costs a draft row per token generated
     # since the draft last ran, and on open-ended text that alone made auto slower than the
     # target (13 probes took 0.6 s of draft time; two 16-row probes 3.9% of a story's run).
-    probe_window: int = 4
+    # 4 -> 16 once a catch-up's rows are read as evidence (evidence_weight, below): a re-try
+    # that follows a plain stretch then brings back 16 rows of what the draft would have said,
+    # not 4. F16 pair, Stack class, model time, the two in the same processes (eight): the
+    # path that lost the draft (1.11-1.14x in 4 of 8 at 4) taken in none at 16 (1.29-1.43x,
+    # mean 1.36x against 1.26x; the draft alone 1.36-1.39x); the story 0.99-1.00x either way
+    # (the re-tries wait on the target's sureness, so few come); code, a summary, QA and a code
+    # edit level, and so the Q8_0, Q4_K_M, F32 and Gemma F16 pairs (within the machine's noise).
+    probe_window: int = 16
     # ... and on two where the draft decodes its rows one at a time (AMX, Model.single_rows):
     # there each catch-up row costs a whole draft step (~4.5 ms beside a 9.5 ms Q8_0 target on
     # a 2-core Intel Xeon), a 4-row re-try ~15 ms, mostly for nothing. Two rows are what a
