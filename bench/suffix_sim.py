@@ -28,13 +28,17 @@ on a 2-core Zen 3, F16, the next row 0.035-0.045, the rows until the next batch 
 Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:1.55,3:1.77,...]
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]
 [--switch 0.03]; ``suffix:N:P`` is the suffix drafter as ``--mode lookup`` with ``--lookup-min N`` and
-a walk floor of P (``suffix`` = ``suffix:2:0.6``).
+a walk floor of P (``suffix`` = ``suffix:2:0.6``); ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
+those AutoPriors fields changed (``auto@lookup_carry=0.3``), beside plain ``auto`` in one run.
+The last row is each drafter's geo-mean over the workloads.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +48,7 @@ from specrun.spec.auto import AutoPolicy
 from specrun.spec.drafters import EMPTY, Proposal
 from specrun.spec.lookup import PromptLookup
 from specrun.spec.policy import FixedPolicy, Policy, StepReport
+from specrun.spec.priors import PRIORS
 from specrun.spec.sampling import SamplingParams
 from specrun.spec.suffix import SEP, SuffixAutomaton, SuffixLookup
 
@@ -254,6 +259,24 @@ def replay(
 
 
 def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-def]
+    """The drafter ``kind`` names and its K cap; ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
+    those AutoPriors fields changed (a tuning experiment beside plain ``auto``, as
+    bench/modes_compare.py's)."""
+    kind, _, tweaks = kind.partition("@")
+    if tweaks:
+        if kind != "auto":
+            raise SystemExit(f"{kind}@...: only auto takes AutoPriors changes")
+        policy, k_cap = make(kind, draft_max, vcost)
+        try:
+            changes = {
+                f: type(getattr(PRIORS, f))(v)
+                for f, _, v in (t.partition("=") for t in tweaks.split(";"))
+            }
+        except (AttributeError, ValueError) as e:
+            raise SystemExit(f"auto@{tweaks}: {e}") from None
+        policy.priors = dataclasses.replace(PRIORS, **changes)
+        policy.reset()
+        return policy, k_cap
     if kind == "ngram":
         return FixedPolicy(PromptLookup(1, 4)), draft_max
     if kind in ("suffix", "suffix-tree"):  # as --mode lookup runs it (2-token matches and up)
@@ -312,6 +335,7 @@ def main() -> None:
     vcost = verify_cost(vtable, a.slope)
     print("| workload | requests | " + " | ".join(kinds) + " |")
     print("|---|---:|" + "---:|" * len(kinds))
+    logs: list[list[float]] = [[] for _ in kinds]
     for key, reqs in runs.items():
         cells = []
         for kind in kinds:
@@ -331,11 +355,14 @@ def main() -> None:
                 if kind == "suffix-tree"
                 else ""
             )
+            logs[len(cells)].append(math.log(r["speedup"]) if r["speedup"] > 0 else 0.0)
             cells.append(
                 f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f}"
                 f"{tree})"
             )
         print(f"| {key} | {len(reqs)} | " + " | ".join(cells) + " |")
+    geo = [f"{math.exp(sum(g) / len(g)):.3f}x" if g else "-" for g in logs]
+    print(f"| geo-mean | {len(runs)} | " + " | ".join(geo) + " |")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,33 @@ def test_suffix_sim_replays_the_llama_drafters(tmp_path):
         assert len(speedups) == 4 and all(s > 1.0 for s in speedups), line
 
 
+def test_suffix_sim_auto_takes_prior_changes(tmp_path):
+    copy = list(range(1000, 1200))
+    runs = {"bench:demo": [{"prompt": copy + [9], "output": copy[:150]}]}
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(runs))
+
+    def sim(kinds: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(BENCH / "suffix_sim.py"), str(path), "--kinds", kinds],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    r = sim("auto,auto@margin=100.0")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if "bench:demo" in line)
+    plain, never = (float(c.split("x")[0]) for c in row.split("|")[3:-1])
+    assert plain > 1.5 and never == 1.0  # a margin nothing clears: plain decoding throughout
+    geo = next(line for line in r.stdout.splitlines() if "geo-mean" in line)
+    g_plain, g_never = (float(c.strip().rstrip("x")) for c in geo.split("|")[3:-1])
+    assert g_plain == pytest.approx(plain, abs=0.01) and g_never == 1.0  # one workload
+    bad = sim("auto@no_such_field=1")
+    assert bad.returncode != 0 and "no_such_field" in bad.stderr
+    assert sim("suffix@margin=1").returncode != 0
+
+
 def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import suffix_sim
