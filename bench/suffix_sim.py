@@ -263,10 +263,10 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
     those AutoPriors fields changed (a tuning experiment beside plain ``auto``, as
     bench/modes_compare.py's)."""
     kind, _, tweaks = kind.partition("@")
+    priors = PRIORS
     if tweaks:
         if kind != "auto":
             raise SystemExit(f"{kind}@...: only auto takes AutoPriors changes")
-        policy, k_cap = make(kind, draft_max, vcost)
         try:
             changes = {
                 f: type(getattr(PRIORS, f))(v)
@@ -274,9 +274,7 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
             }
         except (AttributeError, ValueError) as e:
             raise SystemExit(f"auto@{tweaks}: {e}") from None
-        policy.priors = dataclasses.replace(PRIORS, **changes)
-        policy.reset()
-        return policy, k_cap
+        priors = dataclasses.replace(PRIORS, **changes)
     if kind == "ngram":
         return FixedPolicy(PromptLookup(1, 4)), draft_max
     if kind in ("suffix", "suffix-tree"):  # as --mode lookup runs it (2-token matches and up)
@@ -297,7 +295,7 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
     if kind == "auto":
         d = SuffixLookup()
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
-        return AutoPolicy(draft_max, d, None), max(draft_max, d.k_max)
+        return AutoPolicy(draft_max, d, None, priors=priors), max(draft_max, d.k_max)
     if kind == "oracle-k":
         d = SuffixLookup()
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
@@ -333,6 +331,8 @@ def main() -> None:
     kinds = a.kinds.split(",")
     vtable = {int(n): float(v) for n, v in (x.split(":") for x in a.vtable.split(",") if x)}
     vcost = verify_cost(vtable, a.slope)
+    for kind in kinds:  # an unknown drafter or field: refused before any table
+        make(kind, vcost=vcost)
     print("| workload | requests | " + " | ".join(kinds) + " |")
     print("|---|---:|" + "---:|" * len(kinds))
     logs: list[list[float]] = [[] for _ in kinds]
@@ -355,7 +355,8 @@ def main() -> None:
                 if kind == "suffix-tree"
                 else ""
             )
-            logs[len(cells)].append(math.log(r["speedup"]) if r["speedup"] > 0 else 0.0)
+            if r["speedup"] > 0:  # (a workload with no tokens has none)
+                logs[len(cells)].append(math.log(r["speedup"]))
             cells.append(
                 f"{r['speedup']:.2f}x ({r['tok_per_pass']:.2f} tok/pass, acc {r['acceptance']:.2f}"
                 f"{tree})"

@@ -134,6 +134,7 @@ def test_suffix_sim_auto_takes_prior_changes(tmp_path):
     assert g_plain == pytest.approx(plain, abs=0.01) and g_never == 1.0  # one workload
     bad = sim("auto@no_such_field=1")
     assert bad.returncode != 0 and "no_such_field" in bad.stderr
+    assert bad.stdout == ""  # refused before any table
     assert sim("suffix@margin=1").returncode != 0
 
 
