@@ -45,7 +45,7 @@ help:
 	@echo "make test    - the whole test suite"
 	@echo "make test-fast - the tests that load no model (~75 s on 2 cores; no model is pulled)"
 	@echo "make install - .venv with specrun and the default model pair (GPU=cuda|metal)"
-	@echo "make lint    - ruff check, ruff format --check, mypy (strict on spec/ and llama/)"
+	@echo "make lint    - ruff check, ruff format --check, mypy (strict on decoding/ and llama/)"
 	@echo "make bench   - the built-in benchmark suite on the default pair"
 
 install: $(STAMP)
@@ -81,7 +81,7 @@ lint: $(DEPS)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy src/specrun
-	$(BIN)/mypy --strict src/specrun/spec src/specrun/llama
+	$(BIN)/mypy --strict src/specrun/decoding src/specrun/llama
 
 # Sized to finish in under 10 minutes on 2 CPU cores for the default pair.
 bench: install

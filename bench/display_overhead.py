@@ -28,8 +28,8 @@ from specrun.cli.display import LiveDisplay, PlainStream
 from specrun.llama.backend import physical_cores
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
-from specrun.spec.engine import Engine, Result, SpecConfig, Step
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.engine import Engine, Result, SpecConfig, Step
+from specrun.decoding.sampling import SamplingParams
 
 TARGET = "smollm2-135m-instruct-f32"
 DRAFT = "smollm2-135m-instruct-q4_0"

@@ -31,7 +31,7 @@ def child(pair: str, n: int, exact: bool) -> dict:
     from specrun.chat_template import encode_chat
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
-    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.decoding.engine import Engine, SpecConfig
 
     reg = Registry.load()
     p = reg.pair(pair)

@@ -21,7 +21,7 @@ Deliberately kept quirks of the originals (they decide what the servers propose)
 
 from __future__ import annotations
 
-from specrun.spec.drafters import EMPTY, Proposal
+from specrun.decoding.drafters import EMPTY, Proposal
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2
 MIN_SAMPLE_LAX = (2, 2, 1, 1)

@@ -39,8 +39,8 @@ from specrun.chat_template import encode_chat, resolve_template
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
 from specrun.session import calibrate_auto
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.priors import PRIORS
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.priors import PRIORS
 
 HERE = Path(__file__).resolve().parent
 CODE = (HERE.parent / "src" / "specrun" / "spec" / "textstream.py").read_text()[:1400]

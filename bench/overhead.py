@@ -41,8 +41,8 @@ def main() -> int:
     from specrun.llama.backend import physical_cores
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
-    from specrun.spec.engine import Engine, SpecConfig
-    from specrun.spec.sampling import SamplingParams
+    from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.decoding.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()

@@ -192,8 +192,8 @@ def run_setup(
     from specrun.llama.model import Model
     from specrun.models.registry import Registry
     from specrun.session import ModelOptions, calibrate_auto
-    from specrun.spec.engine import Engine, SpecConfig
-    from specrun.spec.sampling import SamplingParams
+    from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.decoding.sampling import SamplingParams
 
     reg = Registry.load()
     p = reg.pair(pair)

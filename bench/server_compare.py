@@ -226,8 +226,8 @@ def main() -> int:
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
     from specrun.session import calibrate_auto
-    from specrun.spec.engine import Result, Step
-    from specrun.spec.sampling import SamplingParams
+    from specrun.decoding.engine import Result, Step
+    from specrun.decoding.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()

@@ -44,13 +44,13 @@ from pathlib import Path
 import numpy as np
 
 from specrun import defaults
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.drafters import EMPTY, Proposal
-from specrun.spec.lookup import PromptLookup
-from specrun.spec.policy import FixedPolicy, Policy, StepReport
-from specrun.spec.priors import PRIORS
-from specrun.spec.sampling import SamplingParams
-from specrun.spec.suffix import SEP, SuffixAutomaton, SuffixLookup
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.decoding.lookup import PromptLookup
+from specrun.decoding.policy import FixedPolicy, Policy, StepReport
+from specrun.decoding.priors import PRIORS
+from specrun.decoding.sampling import SamplingParams
+from specrun.decoding.suffix import SEP, SuffixAutomaton, SuffixLookup
 
 try:
     from llama_ngram import LlamaNgramCache, LlamaNgramMod

@@ -12,8 +12,8 @@ from specrun.bench import suite as bench_suite
 from specrun.cli.main import main
 from specrun.errors import UsageError
 from specrun.llama.backend import system_info
-from specrun.spec.costmodel import predicted_speedup
-from specrun.spec.stats import SpecStats
+from specrun.decoding.costmodel import predicted_speedup
+from specrun.decoding.stats import SpecStats
 
 SPEC_BENCH_CATEGORIES = (
     "mt_bench",

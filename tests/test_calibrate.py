@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_lookup_policy import FakeDraftModel, FakeLookup, drive
 
-from specrun.spec import calibrate
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import calibrate
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.sampling import SamplingParams
 
 
 def first_choices(policy, n, accept_rate, t1, slope, draft_step_s=0.004, seed=0):
@@ -224,7 +224,7 @@ def test_a_generation_under_auto_refines_its_targets_calibration(monkeypatch):
     from fakes import cycle_rule, text_tokens
 
     from specrun.session import calibrate_auto
-    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.decoding.engine import Engine, SpecConfig
 
     target = FakeTarget(cycle_rule("the cat sat on the mat, "))
     eng = Engine(target, None, SpecConfig(mode="auto", draft_max=4))

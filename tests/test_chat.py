@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from specrun.chat import ChatError, ChatSession, common_prefix, handle_command, read_message
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -301,7 +301,7 @@ def test_commands(tmp_path):
 
 @pytest.mark.models
 def test_new_turn_prefills_only_its_tokens_in_both_models(smol_target, smol_draft):
-    from specrun.spec.engine import Engine
+    from specrun.decoding.engine import Engine
 
     # A draft that never stops early (p_min 0) ends each turn one token behind the target at
     # most, so its next prefill is exactly the target's; one stopped under --draft-p-min may

@@ -19,8 +19,8 @@ from specrun.cli.display import (
     render_summary,
     summary_line,
 )
-from specrun.spec.engine import Result, Step
-from specrun.spec.stats import SpecStats
+from specrun.decoding.engine import Result, Step
+from specrun.decoding.stats import SpecStats
 
 GREEN, YELLOW = "\x1b[32m", "\x1b[33m"
 SGR = re.compile(r"\x1b\[([0-9;]*)m")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrun.spec.drafters import DraftModel
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.drafters import DraftModel
+from specrun.decoding.sampling import SamplingParams
 
 GREEDY = SamplingParams(temp=0.0, seed=0)
 
@@ -104,7 +104,7 @@ def test_catch_up_evidence_is_what_the_draft_proposes_at_each_token(smol_draft):
     assert d.propose(toks[:30], 3, GREEDY, rng, True).tokens == prop.tokens
     assert d.last_evidence == []  # not asked for
     # Each row against the draft decoding its prefix: what it proposes next, and whether sure.
-    from specrun.spec import sampling as S
+    from specrun.decoding import sampling as S
 
     for i, (sure, hit) in enumerate(ev):
         n = 11 + i + 1  # the prefix the row's logits follow

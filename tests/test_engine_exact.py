@@ -7,10 +7,10 @@ import pytest
 from conftest import assert_rows_exact, assert_same_as_target
 
 from specrun.chat_template import encode_chat
-from specrun.spec.drafters import Proposal
-from specrun.spec.engine import Engine, Result, SpecConfig
-from specrun.spec.policy import FixedPolicy
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.drafters import Proposal
+from specrun.decoding.engine import Engine, Result, SpecConfig
+from specrun.decoding.policy import FixedPolicy
+from specrun.decoding.sampling import SamplingParams
 
 pytestmark = pytest.mark.models
 
@@ -324,7 +324,7 @@ def test_the_first_token_comes_before_the_draft_model_reads_the_prompt(pairs, ba
     """Time to first token is the target's prefill and one row: the first pass is plain, and the
     draft model reads the prompt (all of it, once) only after that pass's Step is out; the
     reply is still the target's own, and the stats count the draft's reading as prefill."""
-    from specrun.spec.engine import Step
+    from specrun.decoding.engine import Step
 
     target, draft = pairs["smollm2"]
     engine = Engine(target, draft, SpecConfig(mode=mode, draft_max=4))

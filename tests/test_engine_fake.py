@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fakes import EOS, FakeModel, cycle_rule, text_tokens, wrong_every
 
-from specrun.spec.engine import Engine, Result, SpecConfig
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.engine import Engine, Result, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 
 TEXT = "the cat sat on the mat, "
 PROMPT = [1, *text_tokens("the cat")]

@@ -3,7 +3,7 @@
     front ends   cli/                  (Typer and Rich)         imports anything below, server/ too
                  server/               (HTTP)                   `specrun serve` mounts it from cli/
     application  session, chat, probe, bench, chat_template     prints nothing
-    core         spec/ (the loop and its math), models/ (registry, files, memory)   not each other
+    core         decoding/ (the loop and its math), models/ (registry, files, memory)   not each other
     llama        llama/                                         the only importer of llama_cpp
     base         errors, paths
 
@@ -25,7 +25,7 @@ BASE = {"errors", "paths", "defaults", "__init__"}
 RANK = {
     "base": 0,
     "llama": 1,
-    "spec": 2,
+    "decoding": 2,
     "models": 2,
     "application": 3,
     "server": 4,
@@ -71,7 +71,7 @@ def imports_of(path: Path, mod: str) -> list[tuple[int, str]]:
                 base = ".".join(anchor + ([base] if base else []))
             for a in (
                 node.names
-            ):  # `from specrun.spec import engine` imports the module specrun.spec.engine
+            ):  # `from specrun.decoding import engine` imports the module specrun.decoding.engine
                 full = f"{base}.{a.name}"
                 out.append((node.lineno, full if _is_module(full) else base))
     return out
@@ -156,7 +156,7 @@ def test_below_the_front_ends_nothing_prints_or_uses_rich() -> None:
         if floor(mod) in ("cli", "server", "entry"):
             continue
         tree = ast.parse(path.read_text())
-        for node in ast.walk(tree) if floor(mod) in ("application", "spec") else ():
+        for node in ast.walk(tree) if floor(mod) in ("application", "decoding") else ():
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -180,9 +180,9 @@ def test_below_the_front_ends_nothing_prints_or_uses_rich() -> None:
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     """The rules fail on what they forbid: an upward import read from real source text."""
-    src = tmp_path / "specrun" / "spec" / "x.py"
+    src = tmp_path / "specrun" / "decoding" / "x.py"
     src.parent.mkdir(parents=True)
     src.write_text("def f():\n    from specrun.cli.main import main\n")
-    imports = imports_of(src, "specrun.spec.x")
+    imports = imports_of(src, "specrun.decoding.x")
     assert imports == [(2, "specrun.cli.main")]
-    assert RANK[floor("specrun.cli.main")] > RANK[floor("specrun.spec.x")]
+    assert RANK[floor("specrun.cli.main")] > RANK[floor("specrun.decoding.x")]

@@ -142,7 +142,7 @@ def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypa
     monkeypatch.syspath_prepend(str(BENCH))
     import suffix_sim
 
-    from specrun.spec.suffix import SuffixLookup
+    from specrun.decoding.suffix import SuffixLookup
 
     # after 6 7 came 8 twice and 9 once: the suffix drafter's best path starts with 8, the
     # second branch with 9 (a third of the count), and the target goes on with 9 (a 2-token

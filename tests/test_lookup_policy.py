@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from specrun.spec import costmodel
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.drafters import Proposal
-from specrun.spec.lookup import NgramCache, NgramIndex, PromptLookup
-from specrun.spec.policy import StepReport
-from specrun.spec.priors import PRIORS
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import costmodel
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.drafters import Proposal
+from specrun.decoding.lookup import NgramCache, NgramIndex, PromptLookup
+from specrun.decoding.policy import StepReport
+from specrun.decoding.priors import PRIORS
+from specrun.decoding.sampling import SamplingParams
 
 
 # -- NgramIndex --------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_lookup_is_scored_while_the_draft_model_pays_and_takes_over():
 
 
 def test_one_early_miss_does_not_zero_the_estimate():
-    from specrun.spec.estimates import Acceptance
+    from specrun.decoding.estimates import Acceptance
 
     acc = Acceptance(0.6, 4)
     acc.update(2, 0)
@@ -279,7 +279,7 @@ def test_one_early_miss_does_not_zero_the_estimate():
 def test_positions_after_the_first_rejection_are_not_counted():
     """Acceptance is estimated per position *given* the earlier positions were accepted: a
     draft rejected at position 1 says nothing about positions 2 and 3."""
-    from specrun.spec.estimates import Acceptance
+    from specrun.decoding.estimates import Acceptance
 
     acc = Acceptance(0.6, 4)
     acc.update(4, 1)
@@ -293,7 +293,7 @@ def test_deep_positions_borrow_from_the_pool():
     """A few fully accepted short drafts make the positions they never reached likely too (one
     acceptance process): per-position estimates from a geometric prior each had to be reached
     several times before auto drafted past K = 2 on a draft accepted 98% of the time."""
-    from specrun.spec.estimates import Acceptance
+    from specrun.decoding.estimates import Acceptance
 
     acc = Acceptance(0.6, 8)
     for k in (1, 2, 3, 4):
@@ -308,7 +308,7 @@ def test_deep_positions_borrow_from_the_pool():
 
 
 def test_acceptance_tracks_a_change_of_text():
-    from specrun.spec.estimates import Acceptance
+    from specrun.decoding.estimates import Acceptance
 
     acc = Acceptance(0.6, 4)
     for _ in range(40):
@@ -727,7 +727,7 @@ def test_the_verify_cost_is_rebuilt_only_when_v_moves():
 
 def test_an_acceptance_estimate_follows_its_counts_and_prior():
     """The estimate kept between updates is the one its counts and prior give."""
-    from specrun.spec.estimates import Acceptance
+    from specrun.decoding.estimates import Acceptance
 
     acc = Acceptance(0.5, 4)
     first = acc.estimate()
@@ -929,7 +929,7 @@ def test_reset_keeps_part_of_lookups_acceptance_and_clear_store_forgets_it():
 def test_engine_clear_store_forgets_autos_lookup_estimates():
     from fakes import FakeModel, cycle_rule
 
-    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.decoding.engine import Engine, SpecConfig
 
     eng = Engine(FakeModel(cycle_rule("abc")), None, SpecConfig(mode="auto", draft_max=4))
     eng.policy._acc("lookup:2").update(2, 2)
@@ -959,7 +959,7 @@ def test_a_catch_ups_evidence_moves_the_drafts_acceptance():
     With ``evidence_weight`` 0 they are not read."""
     import dataclasses
 
-    from specrun.spec.priors import PRIORS
+    from specrun.decoding.priors import PRIORS
 
     for weight, lifts in ((1.0, True), (0.0, False)):
         model = FakeDraftModel()

@@ -440,7 +440,7 @@ def test_draft_make_registers_a_draft_that_speculates_exactly(
 ) -> None:
     from specrun.llama.model import LoadOptions, Model
     from specrun.probe import compatibility, encode
-    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.decoding.engine import Engine, SpecConfig
 
     out_file = tmp_path / "drafts" / "smol-q4_0.gguf"
     argv = [

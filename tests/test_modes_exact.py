@@ -25,10 +25,10 @@ from conftest import assert_same_as_target
 from test_engine_exact import GREEDY, steps_of  # tests/ is on sys.path (rootdir conftest)
 from test_sampling import gof
 
-from specrun.spec import sampling as S
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.lookup import PromptLookup
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import sampling as S
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.lookup import PromptLookup
+from specrun.decoding.sampling import SamplingParams
 
 pytestmark = pytest.mark.models
 

@@ -39,9 +39,9 @@ from specrun.errors import UsageError
 from specrun.llama import rpc
 from specrun.llama.model import LoadOptions, Model
 from specrun.session import ModelOptions
-from specrun.spec import sampling as S
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import sampling as S
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.models,

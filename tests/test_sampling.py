@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from specrun.spec import sampling as S
-from specrun.spec.sampling import (
+from specrun.decoding import sampling as S
+from specrun.decoding.sampling import (
     Dist,
     SamplingParams,
     accept_prob,

@@ -35,9 +35,9 @@ import pytest
 from test_sampling import chi2_sf  # tests/ is on sys.path (rootdir conftest, prepend import mode)
 
 from specrun.chat_template import encode_chat
-from specrun.spec import sampling as S
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import sampling as S
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.policy import StepReport
-from specrun.spec.sampling import SamplingParams
-from specrun.spec.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.policy import StepReport
+from specrun.decoding.sampling import SamplingParams
+from specrun.decoding.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
 
 P = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -247,7 +247,7 @@ class _AskedModel:
         self.asked = []
 
     def propose(self, tokens, k, params, rng, greedy_draft, window=None, evidence=False):
-        from specrun.spec.drafters import Proposal
+        from specrun.decoding.drafters import Proposal
 
         self.asked.append(k)
         self.n_cached = len(tokens)
@@ -264,7 +264,7 @@ class _AskedModel:
 
 
 def test_the_draft_model_keeps_its_own_k_under_lookups_longer_cap():
-    from specrun.spec.policy import HybridPolicy
+    from specrun.decoding.policy import HybridPolicy
 
     model = _AskedModel()
     hybrid = HybridPolicy(SuffixLookup(), model, draft_max=4)

@@ -25,8 +25,8 @@ from typing import Any
 
 from specrun.chat_template import render_chat, tokenize_chat
 from specrun.errors import SpecrunError, UsageError
-from specrun.spec.engine import Engine, Result, Step
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.engine import Engine, Result, Step
+from specrun.decoding.sampling import SamplingParams
 
 HELP = """\
 Commands:

@@ -32,8 +32,8 @@ VERIFY = "rejection"  # temp > 0: rejection sampling (exact); "match" = sample-a
 LOOKUP_MIN = 2
 LOOKUP_MIN_AUTO = 1
 LOOKUP_MAX = 4  # longest n-gram a prompt lookup matches (tried first)
-# The lookup drafter: "suffix" (spec/suffix.py: the longest match in this text and earlier
-# outputs, ranked continuations) or "ngram" (spec/lookup.py: llama.cpp-style prompt lookup).
+# The lookup drafter: "suffix" (decoding/suffix.py: the longest match in this text and earlier
+# outputs, ranked continuations) or "ngram" (decoding/lookup.py: llama.cpp-style prompt lookup).
 LOOKUP_KIND = "suffix"
 # The suffix drafter's longest proposal: max(--draft-max, this). A long match is cheap to verify
 # (a 17-row pass ~2.6 target steps on a 2-core CPU, F32) and --draft-max is the draft model's K.

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from specrun.chat_template import encode_chat
 from specrun.models import compat
-from specrun.spec import costmodel
-from specrun.spec.engine import Engine, Result, SpecConfig
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding import costmodel
+from specrun.decoding.engine import Engine, Result, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model

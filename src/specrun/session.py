@@ -12,8 +12,8 @@ from specrun import defaults
 from specrun.errors import IncompatiblePairError, ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.store import ProgressFn
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.engine import MAX_DRAFT, Engine, SpecConfig
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.engine import MAX_DRAFT, Engine, SpecConfig
 
 DEFAULT_CTX = defaults.CTX
 DEFAULT_DRAFT_MAX = defaults.DRAFT_MAX
@@ -393,7 +393,7 @@ def load_engine(
 def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None) -> None:
     """Give auto the measured pass costs of this target and draft on this machine (cached per
     file; the first run of a model measures for well under a second on small models)."""
-    from specrun.spec import calibrate
+    from specrun.decoding import calibrate
 
     assert isinstance(engine.policy, AutoPolicy)
     sizes = tuple(n for n in calibrate.SIZES if n <= engine.config.draft_max + 1)

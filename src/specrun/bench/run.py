@@ -31,10 +31,10 @@ from specrun import defaults
 from specrun.bench.suite import Prompt, order_columns
 from specrun.errors import SpecrunError, UsageError
 from specrun.session import calibrate_auto
-from specrun.spec.costmodel import expected_tokens
-from specrun.spec.engine import Engine, SpecConfig
-from specrun.spec.sampling import SamplingParams
-from specrun.spec.stats import SpecStats
+from specrun.decoding.costmodel import expected_tokens
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
+from specrun.decoding.stats import SpecStats
 
 
 # -- configurations -------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def _run(
     from specrun.chat import ChatSession, handle_command, read_message
     from specrun.cli.display import sink_for as make_sink
     from specrun.session import describe
-    from specrun.spec.engine import Result
+    from specrun.decoding.engine import Result
 
     engine = loaded.engine
     stdin_tty = sys.stdin.isatty()

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from specrun.cli.console import console
-from specrun.spec.engine import Result, Step
+from specrun.decoding.engine import Result, Step
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.text import Text
 
-    from specrun.spec.stats import SpecStats
+    from specrun.decoding.stats import SpecStats
 
 DRAFT_STYLE = "green"  # tokens that came from an accepted draft
 TARGET_STYLE = "yellow"  # tokens the target produced itself (corrections and bonus tokens)

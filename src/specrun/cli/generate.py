@@ -230,7 +230,7 @@ def generate(
 
         from specrun.cli.display import sink_for, summary_line
         from specrun.session import describe
-        from specrun.spec.engine import Result
+        from specrun.decoding.engine import Result
 
         show_summary = stats or streams.stderr_tty
         results: list[Result] = []
@@ -339,7 +339,7 @@ def _result_json(r: Any) -> dict[str, Any]:
 
 def _baseline(engine: Any, tokens: list[int], max_tokens: int, params: Any, stop: Any) -> Any:
     """The target alone on the same prompt, cold cache both: the honest comparison."""
-    from specrun.spec.engine import Engine, SpecConfig
+    from specrun.decoding.engine import Engine, SpecConfig
 
     alone = Engine(engine.target, None, SpecConfig(mode="none"))
     engine.reset()

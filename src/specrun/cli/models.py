@@ -325,7 +325,7 @@ def check_pair(
     from specrun.llama.gguf import validate_gguf
     from specrun.llama.model import LoadOptions, Model
     from specrun.probe import compatibility, probe, recommended
-    from specrun.spec import calibrate
+    from specrun.decoding import calibrate
 
     n_ctx = 256 + (settings.max_tokens + settings.learn_k if settings else 0)
     opts = LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx))

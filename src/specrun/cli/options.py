@@ -740,7 +740,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
 
 
 def _build_sampling(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
-    from specrun.spec.sampling import SamplingParams
+    from specrun.decoding.sampling import SamplingParams
 
     seed = kw.pop("seed", None)
     params = SamplingParams(**kw, seed=secrets.randbits(31) if seed is None else seed)

@@ -297,7 +297,7 @@ def batch_exact_cpu() -> bool:
     return rows == 0 or rows > MAX_VERIFY_ROWS
 
 
-MAX_VERIFY_ROWS = 65  # the longest verify pass (spec.engine.MAX_DRAFT drafts + 1)
+MAX_VERIFY_ROWS = 65  # the longest verify pass (decoding.engine.MAX_DRAFT drafts + 1)
 
 
 def sgemm_rows() -> int:

@@ -156,7 +156,7 @@ class Model:
             and "AMX" in self.load_report.get("weight_buffers", ())
         )
         # The softmax top probability of a row of logits in C (llama/native.py), None where this
-        # build lacks it: the --draft-p-min check (spec/sampling.top_prob_below's ``native``).
+        # build lacks it: the --draft-p-min check (decoding/sampling.top_prob_below's ``native``).
         self.top_prob_fn = native.top_prob()
 
     def _load(self, mparams: Any, opts: LoadOptions) -> None:

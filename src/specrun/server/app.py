@@ -19,7 +19,7 @@ from specrun.server.errors import APIError, bad, error_body
 from specrun.server.metrics import CONTENT_TYPE, Metrics
 from specrun.server.requests import GenRequest, check_spec, parse_json, parse_request
 from specrun.server.worker import EngineWorker, Job, QueueFull
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.sampling import SamplingParams
 
 MAX_BODY = 8 << 20  # bytes: far above any prompt a context holds, far below a memory problem
 OPEN_PATHS = (

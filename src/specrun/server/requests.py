@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specrun.server.errors import APIError, bad
-from specrun.spec.engine import MAX_DRAFT, MODES
-from specrun.spec.sampling import SamplingParams
+from specrun.decoding.engine import MAX_DRAFT, MODES
+from specrun.decoding.sampling import SamplingParams
 
 MAX_N = 16  # completions per request (n)
 MAX_STOP = 16  # stop strings per request

@@ -19,7 +19,7 @@ from typing import Any
 from specrun.errors import SpecrunError
 from specrun.server.prompt_cache import PromptCache
 from specrun.server.requests import GenRequest
-from specrun.spec.engine import Result, Step
+from specrun.decoding.engine import Result, Step
 
 
 @dataclass

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specrun import defaults
-from specrun.spec import costmodel
-from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
-from specrun.spec.estimates import Acceptance, Costs, Rate
-from specrun.spec.policy import Policy, StepReport
-from specrun.spec.priors import PRIORS, AutoPriors
+from specrun.decoding import costmodel
+from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.decoding.estimates import Acceptance, Costs, Rate
+from specrun.decoding.policy import Policy, StepReport
+from specrun.decoding.priors import PRIORS, AutoPriors
 
 
 class AutoPolicy(Policy):

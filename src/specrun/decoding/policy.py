@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrun.spec import sampling as S
-from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.decoding import sampling as S
+from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
 
 
 @dataclass(frozen=True)

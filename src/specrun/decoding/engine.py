@@ -19,12 +19,12 @@ import numpy as np
 from specrun import defaults
 from specrun.errors import SpecrunError, UsageError
 from specrun.llama.model import Model
-from specrun.spec import sampling as S
-from specrun.spec.auto import AutoPolicy
-from specrun.spec.drafters import EMPTY, Drafter, DraftModel, Proposal
-from specrun.spec.policy import FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
-from specrun.spec.stats import SpecStats
-from specrun.spec.textstream import TextStream
+from specrun.decoding import sampling as S
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.decoding.policy import FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
+from specrun.decoding.stats import SpecStats
+from specrun.decoding.textstream import TextStream
 
 MODES = ("auto", "draft", "lookup", "hybrid", "none")
 VERIFY_RULES = ("rejection", "match")
@@ -192,8 +192,8 @@ class Engine:
     def _make_policy(self, mode: str) -> Policy:
         from pathlib import Path
 
-        from specrun.spec.lookup import NgramCache, PromptLookup
-        from specrun.spec.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
+        from specrun.decoding.lookup import NgramCache, PromptLookup
+        from specrun.decoding.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
 
         cfg = self.config
         lookup: PromptLookup | SuffixLookup | Drafter | None = None
@@ -430,7 +430,7 @@ class Engine:
     def _prefill(self, tokens: list[int], defer_model: bool = False) -> int:
         """Bring the target (and the drafters) to 'all but the last token evaluated'
         (``defer_model``: Policy.prefill)."""
-        from specrun.spec.drafters import _common_prefix
+        from specrun.decoding.drafters import _common_prefix
 
         keep = min(_common_prefix(self.target.cached, tokens), len(tokens) - 1)
         self.target.truncate(keep)

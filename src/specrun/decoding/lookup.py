@@ -20,8 +20,8 @@ import numpy as np
 
 from specrun.errors import SpecrunError
 from specrun.paths import write_json_atomic
-from specrun.spec import sampling as S
-from specrun.spec.drafters import EMPTY, Proposal
+from specrun.decoding import sampling as S
+from specrun.decoding.drafters import EMPTY, Proposal
 
 
 class NgramIndex:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from specrun.spec import sampling as S
+from specrun.decoding import sampling as S
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model

@@ -29,8 +29,8 @@ import numpy as np
 
 from specrun.errors import SpecrunError
 from specrun.paths import write_json_atomic
-from specrun.spec import sampling as S
-from specrun.spec.drafters import EMPTY, Proposal
+from specrun.decoding import sampling as S
+from specrun.decoding.drafters import EMPTY, Proposal
 
 SEP = -1  # between stored sequences: never fed to a matcher, so never matched, ends a walk
 # The occurrence count of a new end position goes to the new state and its suffix-link

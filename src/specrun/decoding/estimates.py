@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specrun.spec import costmodel
-from specrun.spec.priors import PRIORS, AutoPriors
+from specrun.decoding import costmodel
+from specrun.decoding.priors import PRIORS, AutoPriors
 
 
 class Acceptance:
