@@ -1,3 +1,3 @@
 """specrun: speculative decoding for local GGUF models."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
