@@ -8,7 +8,10 @@ N      ?= 256
 GPU    ?=
 PYTEST_ARGS ?=
 
-LLAMA_CPP_PIN := llama-cpp-python==0.3.36
+# The llama-cpp-python release the patched build takes: patches/PIN, read here, by
+# scripts/build-llama.sh and by the tests (pyproject.toml only bounds what specrun runs on).
+LLAMA_CPP_VERSION := $(shell cat patches/PIN)
+LLAMA_CPP_PIN := llama-cpp-python==$(LLAMA_CPP_VERSION)
 # GGML_LLAMAFILE=ON, with patches/ (sgemm-prompts): llamafile's tinyBLAS sums a row otherwise than
 # the kernels a single row takes, so it may only take batches longer than any verify pass (66+
 # rows: a prompt's, computed alike whether or not a run speculates), where it is fast (F16 and
@@ -31,15 +34,17 @@ endif
 # check in C; AMX's tile configuration loaded whole; a few rows of Q8_0 / Q4_0 / Q4_1 / K-quants
 # on AMX weights by the one-row kernels' arithmetic; Q5_0 by AVX512-VNNI; weight rows fetched
 # ahead of a single row's quantized matmul on Intel; a few rows split among the threads as one
-# is, and a single F16 row by the multi-column kernel; llamafile's sgemm on prompts only): a new
-# patch rebuilds.
-PATCHES_SUM := $(shell cat patches/*.patch | cksum | cut -d' ' -f1)
+# is, and a single F16 row by the multi-column kernel; llamafile's sgemm on prompts only),
+# applied in patches/series' order (each patch's purpose, tests and CPU features are noted
+# there): a new patch, or another order, rebuilds.
+PATCHES := $(addprefix patches/,$(shell sed -e '/^[[:space:]]*\#/d' -e '/^[[:space:]]*$$/d' patches/series))
+PATCHES_SUM := $(shell cat $(PATCHES) | cksum | cut -d' ' -f1)
 LLAMA_BUILD := $(LLAMA_CPP_PIN) CMAKE_ARGS=$(CMAKE_ARGS) patches=$(PATCHES_SUM)
 
 STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU),)
 DEPS  := $(VENV)/.deps$(if $(GPU),-$(GPU),)
 
-.PHONY: install run test test-fast lint bench clean help
+.PHONY: install run test test-fast lint bench clean help patches-check
 help:
 	@echo "make run     - generate on the default pair with speculation (PROMPT=file.txt, N=tokens)"
 	@echo "make test    - the whole test suite"
@@ -47,11 +52,12 @@ help:
 	@echo "make install - .venv with specrun and the default model pair (GPU=cuda|metal)"
 	@echo "make lint    - ruff check, ruff format --check, mypy (strict on decoding/ and llama/)"
 	@echo "make bench   - the built-in benchmark suite on the default pair"
+	@echo "make patches-check VERSION=x.y.z - whether patches/series applies to that llama-cpp-python"
 
 install: $(STAMP)
 
 # The environment without the models: what test-fast and lint need.
-$(DEPS): pyproject.toml Makefile $(wildcard patches/*.patch) scripts/build-llama.sh
+$(DEPS): pyproject.toml Makefile patches/PIN patches/series $(PATCHES) scripts/build-llama.sh scripts/patches.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# llama-cpp-python ships as source only: built here from its sdist with our patches and CMake
 	@# flags (no cached wheel, which may lack them), again only when the pin, flags or patches change.
@@ -88,6 +94,12 @@ bench: install
 	$(BIN)/specrun bench --pair $(PAIR) --suite builtin --limit 1 -n 96 --repeats 2 \
 	  --modes none,draft,lookup,hybrid,auto --draft-max 2,4,8 \
 	  --json bench/latest.json --md bench/latest.md --plot bench/latest.png
+
+# Downloads VERSION's source release and tries patches/series on it in order (git apply --check),
+# building nothing: which patches no longer apply (exit 1 if any). VERSION defaults to the pin.
+VERSION ?= $(LLAMA_CPP_VERSION)
+patches-check:
+	PYTHON=$(PYTHON) sh scripts/patches-check.sh $(VERSION)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
