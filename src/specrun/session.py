@@ -325,7 +325,7 @@ def load(
     build the Engine. ``warn`` gets the memory notes (stderr lines)."""
     from dataclasses import replace
 
-    from specrun.llama.backend import local_gpus
+    from specrun.llama.backend import local_gpus, unpatched_note
     from specrun.llama.model import Model
     from specrun.models import compat
 
@@ -334,7 +334,8 @@ def load(
     try:
         infos = [_prevalidate(r.path) for r in filter(None, (p.target, p.draft))]
         planned, notes = memory_plan(p, opts, infos)
-        for line in notes:
+        build = unpatched_note()  # once a process: what a build without patches/ loses
+        for line in ([build] if build else []) + notes:
             (warn or (lambda _m: None))(line)
 
         def load_opts(i: int) -> Any:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llama_cpp as ll
+from specrun.errors import SpecrunError
+from specrun.llama import libs
+
+# llama_cpp's own libggml before llama_cpp loads libllama, whatever LD_LIBRARY_PATH holds (libs.py)
+libs.preload()
+
+import llama_cpp as ll  # noqa: E402
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -134,6 +140,7 @@ def init_backend(verbose: bool = False) -> None:
     _log_verbose = verbose
     with _backend_lock:
         if not _backend_ready:
+            check_build()
             # llama.cpp's tiled K-quant matmul takes batches of 8+ rows only, and sums otherwise
             # than the vec_dot that scores single rows (Q4_K/Q6_K logits up to 0.9 apart): off,
             # so a verify pass of 8+ rows scores each row as decoding it alone would (read by
@@ -142,6 +149,159 @@ def init_backend(verbose: bool = False) -> None:
             ll.llama_log_set(_log_sink, ctypes.c_void_p(0))
             ll.llama_backend_init()
             _backend_ready = True
+
+
+# What specrun calls in llama-cpp-python's bindings (llama/*.py: tests/test_install.py keeps the
+# list whole) and the struct fields it sets: an installed llama-cpp-python of another version
+# (pyproject.toml takes a range, so that pip keeps a CUDA or Metal build it finds) must have them.
+REQUIRED_API = (
+    "llama_backend_init",
+    "llama_batch_free",
+    "llama_batch_init",
+    "llama_chat_apply_template",
+    "llama_chat_builtin_templates",
+    "llama_chat_message",
+    "llama_context_default_params",
+    "llama_decode",
+    "llama_free",
+    "llama_get_logits",
+    "llama_get_memory",
+    "llama_init_from_model",
+    "llama_log_callback",
+    "llama_log_set",
+    "llama_max_devices",
+    "llama_memory_clear",
+    "llama_memory_seq_rm",
+    "llama_model_chat_template",
+    "llama_model_default_params",
+    "llama_model_desc",
+    "llama_model_free",
+    "llama_model_get_vocab",
+    "llama_model_is_hybrid",
+    "llama_model_is_recurrent",
+    "llama_model_load_from_file",
+    "llama_model_meta_val_str",
+    "llama_model_n_ctx_train",
+    "llama_model_n_layer",
+    "llama_model_n_params",
+    "llama_model_quantize",
+    "llama_model_quantize_default_params",
+    "llama_model_size",
+    "llama_n_batch",
+    "llama_n_ctx",
+    "llama_n_threads",
+    "llama_n_threads_batch",
+    "llama_n_ubatch",
+    "llama_print_system_info",
+    "llama_progress_callback",
+    "llama_state_seq_get_data",
+    "llama_state_seq_get_size",
+    "llama_state_seq_set_data",
+    "llama_supports_gpu_offload",
+    "llama_supports_mlock",
+    "llama_supports_mmap",
+    "llama_supports_rpc",
+    "llama_synchronize",
+    "llama_token",
+    "llama_token_to_piece",
+    "llama_tokenize",
+    "llama_vocab_bos",
+    "llama_vocab_eos",
+    "llama_vocab_get_add_bos",
+    "llama_vocab_get_add_eos",
+    "llama_vocab_get_text",
+    "llama_vocab_is_eog",
+    "llama_vocab_n_tokens",
+    "llama_vocab_type",
+)
+REQUIRED_FIELDS = {
+    "llama_model_params": ("n_gpu_layers", "check_tensors", "vocab_only", "progress_callback"),
+    "llama_context_params": (
+        "n_ctx",
+        "n_batch",
+        "n_ubatch",
+        "n_seq_max",
+        "n_threads",
+        "n_threads_batch",
+        "no_perf",
+        "n_outputs_max",
+        "flash_attn_type",
+        "type_k",
+        "type_v",
+    ),
+    "llama_model_quantize_params": ("ftype", "allow_requantize", "nthread"),
+}
+
+
+def missing_api() -> list[str]:
+    """What specrun uses that this llama-cpp-python lacks (``REQUIRED_API``, ``REQUIRED_FIELDS``)."""
+    out = [n for n in REQUIRED_API if not hasattr(ll, n)]
+    for struct, fields in REQUIRED_FIELDS.items():
+        have = {f[0] for f in getattr(getattr(ll, struct, None), "_fields_", ())}
+        out += [f"{struct}.{f}" for f in fields if f not in have]
+    return out
+
+
+def llama_cpp_requirement() -> str:
+    """The llama-cpp-python versions this specrun was installed to run on (its metadata)."""
+    from importlib import metadata
+
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        for req in metadata.requires("specrun") or []:
+            m = re.match(r"llama[-_]cpp[-_]python\s*([^;]*)", req, re.IGNORECASE)
+            if m:
+                return "llama-cpp-python" + m.group(1).strip().replace(" ", "")
+    return "llama-cpp-python"
+
+
+def check_build() -> None:
+    """Refuse, in one line, a llama-cpp-python that lacks what specrun calls, and llama.cpp
+    libraries loaded from outside llama_cpp's own directory (``libs``: LD_LIBRARY_PATH)."""
+    missing = missing_api()
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SpecrunError(
+            f"llama-cpp-python {llama_cpp_version() or '?'} lacks {', '.join(missing[:3])}{more}: "
+            f"specrun needs {llama_cpp_requirement()} (or make install's build)"
+        )
+    foreign = libs.foreign()
+    if foreign:
+        raise SpecrunError(
+            f"llama.cpp library {foreign[0]} is not the one llama-cpp-python was built with "
+            f"({libs.lib_dir()}): unset LD_LIBRARY_PATH, or set LLAMA_CPP_LIB_PATH to that "
+            "build's directory"
+        )
+
+
+_noted = False
+
+
+def unpatched_note(once: bool = True) -> str | None:
+    """One line for stderr saying what a run loses on this build of llama.cpp without specrun's
+    patches (patches/series), None on a patched one; with ``once``, None after the first time
+    in a process (``generate``, ``chat`` and ``serve`` say it as they load: session.load).
+
+    Rows not bit-exact is the loss that matters: a build with llamafile's sgemm on every batch
+    (llama.cpp's default, so any plain ``pip install llama-cpp-python``) sums a batched row
+    otherwise than a single one. A build without sgemm keeps rows exact (specrun keeps the
+    other inexact kernels out of a verify pass) and loses speed only."""
+    global _noted
+    if once and _noted:
+        return None
+    if not batch_exact_cpu():
+        note = (
+            "this llama.cpp build lacks specrun's patches: batch rows are not bit-exact, so greedy "
+            "output may part from the target's at a near-tie (make install builds them: docs/build.md)"
+        )
+    elif "SPECRUN_" not in system_info():
+        note = (
+            "this llama.cpp build lacks specrun's patches: rows stay exact, but verify passes are "
+            "slower (make install builds them: docs/build.md)"
+        )
+    else:
+        return None
+    _noted = _noted or once
+    return note
 
 
 def physical_cores() -> int:
