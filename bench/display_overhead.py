@@ -25,11 +25,11 @@ from typing import Any
 
 from specrun.chat_template import encode_chat
 from specrun.cli.display import LiveDisplay, PlainStream
+from specrun.decoding.engine import Engine, Result, SpecConfig, Step
+from specrun.decoding.sampling import SamplingParams
 from specrun.llama.backend import physical_cores
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
-from specrun.decoding.engine import Engine, Result, SpecConfig, Step
-from specrun.decoding.sampling import SamplingParams
 
 TARGET = "smollm2-135m-instruct-f32"
 DRAFT = "smollm2-135m-instruct-q4_0"

@@ -29,9 +29,9 @@ def child(pair: str, n: int, exact: bool) -> dict:
 
     from specrun.bench.suite import load_suite
     from specrun.chat_template import encode_chat
+    from specrun.decoding.engine import Engine, SpecConfig
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
-    from specrun.decoding.engine import Engine, SpecConfig
 
     reg = Registry.load()
     p = reg.pair(pair)

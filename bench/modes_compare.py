@@ -36,14 +36,14 @@ from pathlib import Path
 
 from specrun.bench.suite import load_suite
 from specrun.chat_template import encode_chat, resolve_template
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.priors import PRIORS
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
 from specrun.session import calibrate_auto
-from specrun.decoding.engine import Engine, SpecConfig
-from specrun.decoding.priors import PRIORS
 
 HERE = Path(__file__).resolve().parent
-CODE = (HERE.parent / "src" / "specrun" / "spec" / "textstream.py").read_text()[:1400]
+CODE = (HERE.parent / "src" / "specrun" / "decoding" / "textstream.py").read_text()[:1400]
 PASSAGE = (
     "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
     "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "

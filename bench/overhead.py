@@ -38,11 +38,11 @@ def main() -> int:
     import llama_cpp
 
     from specrun.chat_template import encode_chat
+    from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.decoding.sampling import SamplingParams
     from specrun.llama.backend import physical_cores
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
-    from specrun.decoding.engine import Engine, SpecConfig
-    from specrun.decoding.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()

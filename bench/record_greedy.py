@@ -20,10 +20,10 @@ from pathlib import Path
 
 from specrun.bench.suite import load_suite
 from specrun.chat_template import encode_chat
-from specrun.llama.model import LoadOptions, Model
-from specrun.models.registry import Registry
 from specrun.decoding import sampling as S
 from specrun.decoding.engine import Engine, Result, SpecConfig, Step
+from specrun.llama.model import LoadOptions, Model
+from specrun.models.registry import Registry
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -189,11 +189,11 @@ def run_setup(
     threads: int,
 ) -> dict[str, dict[str, list]]:
     from specrun.chat_template import encode_chat
+    from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.decoding.sampling import SamplingParams
     from specrun.llama.model import Model
     from specrun.models.registry import Registry
     from specrun.session import ModelOptions, calibrate_auto
-    from specrun.decoding.engine import Engine, SpecConfig
-    from specrun.decoding.sampling import SamplingParams
 
     reg = Registry.load()
     p = reg.pair(pair)

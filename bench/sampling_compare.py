@@ -20,11 +20,11 @@ import time
 from dataclasses import replace
 
 from specrun.chat_template import encode_chat
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 from specrun.llama.backend import physical_cores
 from specrun.llama.model import LoadOptions, Model
 from specrun.models.registry import Registry
-from specrun.decoding.engine import Engine, SpecConfig
-from specrun.decoding.sampling import SamplingParams
 
 TARGET = "smollm2-135m-instruct-f32"
 DRAFT = "smollm2-135m-instruct-q4_0"

@@ -222,12 +222,12 @@ def main() -> int:
     args = ap.parse_args()
 
     from specrun.chat_template import encode_chat, resolve_template
+    from specrun.decoding.engine import Result, Step
+    from specrun.decoding.sampling import SamplingParams
     from specrun.llama.backend import physical_cores
     from specrun.llama.model import LoadOptions, Model
     from specrun.models.registry import Registry
     from specrun.session import calibrate_auto
-    from specrun.decoding.engine import Result, Step
-    from specrun.decoding.sampling import SamplingParams
 
     threads = args.threads or physical_cores()
     reg = Registry.load()

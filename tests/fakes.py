@@ -32,9 +32,12 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz .,\n!?0123456789"
 
 
 class FakeModel:
+    """The parts of ``specrun.decoding.target.Target`` the engine tests need."""
+
     single_rows = False
     is_recurrent = False
     can_truncate = True
+    top_prob_fn = None
 
     def __init__(
         self,
@@ -65,6 +68,7 @@ class FakeModel:
         self.rows_decoded = 0  # every row ever evaluated
         self.decode_calls: list[tuple[int, int]] = []  # (pos0, rows) of each decode
         self.llama_seconds = 0.0
+        self.load_report: dict[str, object] = {}
 
     # -- what the engine reads ---------------------------------------------------------------
     @property
@@ -83,6 +87,9 @@ class FakeModel:
 
     def piece(self, token: int) -> bytes:
         return ALPHABET[token - 3].encode() if 3 <= token < 3 + len(ALPHABET) else b""
+
+    def machine_key(self) -> str:
+        return "fake"
 
     def token_text(self, token: int) -> bytes:
         return {BOS: b"<s>", EOS: b"</s>"}.get(token, self.piece(token))

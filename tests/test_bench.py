@@ -10,10 +10,10 @@ from specrun.bench import report as bench_report
 from specrun.bench import run as bench_run
 from specrun.bench import suite as bench_suite
 from specrun.cli.main import main
-from specrun.errors import UsageError
-from specrun.llama.backend import system_info
 from specrun.decoding.costmodel import predicted_speedup
 from specrun.decoding.stats import SpecStats
+from specrun.errors import UsageError
+from specrun.llama.backend import system_info
 
 SPEC_BENCH_CATEGORIES = (
     "mt_bench",

@@ -66,6 +66,13 @@ class FakeModel:
         self.single_rows = False
         self.n_batch, self.n_outputs_max, self.n_ctx, self.bos = 512, 65, 4096, 1
         self.decoded: list[int] = []
+        self.load_report: dict = {}
+
+    def machine_key(self):
+        """The real build's key (Model.machine_key reads the same functions)."""
+        from specrun.llama import backend
+
+        return backend.build_id() + backend.cpu_name()
 
     def context_params(self):
         return {
@@ -223,8 +230,8 @@ def test_a_generation_under_auto_refines_its_targets_calibration(monkeypatch):
     from fakes import FakeModel as FakeTarget
     from fakes import cycle_rule, text_tokens
 
-    from specrun.session import calibrate_auto
     from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.session import calibrate_auto
 
     target = FakeTarget(cycle_rule("the cat sat on the mat, "))
     eng = Engine(target, None, SpecConfig(mode="auto", draft_max=4))

@@ -32,6 +32,7 @@ class FakeTarget:
 
     path = Path("fake.gguf")
     bos, eos = 1, 2
+    top_prob_fn = None
     n_vocab = 256
     n_batch = 512
     n_outputs_max = 65

@@ -3,7 +3,8 @@
     front ends   cli/                  (Typer and Rich)         imports anything below, server/ too
                  server/               (HTTP)                   `specrun serve` mounts it from cli/
     application  session, chat, probe, bench, chat_template     prints nothing
-    core         decoding/ (the loop and its math), models/ (registry, files, memory)   not each other
+    models       models/ (registry, files, memory)              may use llama/ (GGUF facts, quantize)
+    core         decoding/ (the loop and its math)              never llama/: a Target protocol
     llama        llama/                                         the only importer of llama_cpp
     base         errors, paths
 
@@ -25,7 +26,7 @@ BASE = {"errors", "paths", "defaults", "__init__"}
 RANK = {
     "base": 0,
     "llama": 1,
-    "decoding": 2,
+    "decoding": 1,
     "models": 2,
     "application": 3,
     "server": 4,
@@ -186,3 +187,67 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     imports = imports_of(src, "specrun.decoding.x")
     assert imports == [(2, "specrun.cli.main")]
     assert RANK[floor("specrun.cli.main")] > RANK[floor("specrun.decoding.x")]
+
+
+def _members(path: Path, cls: str) -> set[str]:
+    """A class's attributes read from source: class-level names and annotations, methods,
+    properties and every ``self.X = ...`` in its methods."""
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    out: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.FunctionDef) and n in node.body:
+            out.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                    if t.value.id == "self":
+                        out.add(t.attr)
+                elif isinstance(t, ast.Name) and n in node.body:
+                    out.add(t.id)
+    return out
+
+
+def test_the_llama_model_implements_the_core_protocol() -> None:
+    """The engine types its models as ``decoding.target.Target``; llama/'s Model must have every
+    member (read from the source, so the check needs no native build)."""
+    wanted = _members(PKG / "decoding" / "target.py", "Target")
+    assert {"decode", "logits", "truncate", "cached", "machine_key"} <= wanted
+    missing = wanted - _members(PKG / "llama" / "model.py", "Model")
+    assert not missing, f"llama.model.Model lacks {sorted(missing)} of Target"
+
+
+def _loaded_after(code: str) -> set[str]:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return set(out.split())
+
+
+def test_the_core_imports_without_llama_cpp() -> None:
+    loaded = _loaded_after(
+        "import specrun.decoding.engine, specrun.decoding.auto, specrun.decoding.calibrate"
+    )
+    assert "specrun.decoding.engine" in loaded
+    assert not {
+        m for m in loaded if m.split(".")[0] == "llama_cpp" or m.startswith("specrun.llama")
+    }
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["generate", "--help"]])
+def test_help_and_version_load_no_native_or_numeric_module(argv: list[str]) -> None:
+    """`specrun --help` and `--version` stay fast: neither llama_cpp nor numpy is imported until
+    a command runs."""
+    loaded = _loaded_after(f"from specrun.cli.main import main\nassert main({argv!r}) == 0")
+    assert "specrun.cli.main" in loaded
+    heavy = {m for m in loaded if m.split(".")[0] in ("llama_cpp", "numpy", "fastapi", "uvicorn")}
+    assert not heavy, f"{argv} imported {sorted(heavy)[:8]}"

@@ -127,6 +127,7 @@ class FakeDraftModel:
 
     name = "draft"
     p_min = 0.0
+    single_rows = False
 
     def __init__(self):
         self.proposed = []
@@ -486,12 +487,9 @@ def test_a_draft_that_decodes_row_by_row_is_re_tried_on_two_rows():
     catch-up row costs a whole draft step, so a re-try catches up on two rows (what a re-try
     right after a plain step owes), not PROBE_WINDOW."""
 
-    class Rows:
-        single_rows = True
-
     rng = np.random.default_rng(11)
     model = FakeDraftModel()
-    model.model = Rows()
+    model.single_rows = True
     policy = AutoPolicy(8, None, model)
     drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
     probes = model.windows[-4:]

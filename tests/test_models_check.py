@@ -438,9 +438,9 @@ def test_check_smollm2_with_gemma_names_every_rule(
 def test_draft_make_registers_a_draft_that_speculates_exactly(
     user_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from specrun.decoding.engine import Engine, SpecConfig
     from specrun.llama.model import LoadOptions, Model
     from specrun.probe import compatibility, encode
-    from specrun.decoding.engine import Engine, SpecConfig
 
     out_file = tmp_path / "drafts" / "smol-q4_0.gguf"
     argv = [

@@ -167,7 +167,7 @@ def test_sgemm_takes_only_batches_longer_than_a_verify_pass():
 
 
 def test_the_exact_bound_is_the_longest_verify_pass():
-    from specrun.llama.backend import MAX_VERIFY_ROWS
     from specrun.decoding.engine import MAX_DRAFT
+    from specrun.llama.backend import MAX_VERIFY_ROWS
 
     assert MAX_VERIFY_ROWS == MAX_DRAFT + 1

@@ -35,13 +35,13 @@ from conftest import (
 )
 from test_sampling import gof
 
+from specrun.decoding import sampling as S
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.sampling import SamplingParams
 from specrun.errors import UsageError
 from specrun.llama import rpc
 from specrun.llama.model import LoadOptions, Model
 from specrun.session import ModelOptions
-from specrun.decoding import sampling as S
-from specrun.decoding.engine import Engine, SpecConfig
-from specrun.decoding.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.models,

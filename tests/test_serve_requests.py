@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("fastapi")
 
+from specrun.decoding.sampling import SamplingParams  # noqa: E402
 from specrun.server.errors import APIError  # noqa: E402
 from specrun.server.requests import parse_json, parse_request  # noqa: E402
-from specrun.decoding.sampling import SamplingParams  # noqa: E402
 
 DEFAULTS = SamplingParams(temp=0.0, top_k=40, top_p=0.95, min_p=0.05, seed=1)
 MSG = [{"role": "user", "content": "hi"}]

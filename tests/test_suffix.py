@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from specrun.errors import SpecrunError
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.policy import StepReport
 from specrun.decoding.sampling import SamplingParams
 from specrun.decoding.suffix import SEP, LookupFile, SuffixAutomaton, SuffixLookup, SuffixStore
+from specrun.errors import SpecrunError
 
 P = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -240,6 +240,7 @@ class _AskedModel:
 
     name = "draft"
     p_min = 0.0
+    single_rows = False
     n_cached = 0
     last_catch_up = (0, 0.0)
 

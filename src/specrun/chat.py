@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from specrun.chat_template import render_chat, tokenize_chat
-from specrun.errors import SpecrunError, UsageError
 from specrun.decoding.engine import Engine, Result, Step
 from specrun.decoding.sampling import SamplingParams
+from specrun.errors import SpecrunError, UsageError
 
 HELP = """\
 Commands:

@@ -23,13 +23,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specrun.chat_template import encode_chat
-from specrun.models import compat
 from specrun.decoding import costmodel
-from specrun.decoding.engine import Engine, Result, SpecConfig
-from specrun.decoding.sampling import SamplingParams
+from specrun.models import compat
 
 if TYPE_CHECKING:
+    from specrun.decoding.engine import Result
     from specrun.llama.model import Model
 
 PROMPTS = (
@@ -37,7 +35,6 @@ PROMPTS = (
     "List five facts about the Moon.",
     "Explain in two sentences why the sky is blue.",
 )
-GREEDY = SamplingParams(temp=0.0)
 WARMUP_TOKENS = 8
 
 Say = Callable[[str], None]
@@ -126,6 +123,8 @@ def compatibility(target: Model, draft: Model) -> list[str]:
 
 def encode(model: Model, text: str) -> list[int]:
     """A user message through the model's own chat template, or raw text when it has none."""
+    from specrun.chat_template import encode_chat
+
     if not model.chat_template():
         return model.tokenize(text, add_special=True)
     return encode_chat(model, [{"role": "user", "content": text}])
@@ -181,6 +180,9 @@ def probe(
     say: Say | None = None,
 ) -> Probe:
     """Measure the pair (which must be compatible) as the module docstring describes."""
+    from specrun.decoding.engine import Engine, SpecConfig
+    from specrun.decoding.sampling import SamplingParams
+
     s = settings or ProbeSettings()
     s.validate()
     tell = say or (lambda _msg: None)
@@ -199,7 +201,7 @@ def probe(
     def run(engine: Engine, toks: list[int], n: int = s.max_tokens) -> Result:
         nonlocal runs
         runs += 1
-        return engine.run(toks, max_tokens=n, params=GREEDY, reuse_cache=False)
+        return engine.run(toks, max_tokens=n, params=SamplingParams(temp=0.0), reuse_cache=False)
 
     # Page the weights in (mmap) before anything is timed.
     tell("warming up")

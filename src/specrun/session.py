@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from specrun import defaults
+from specrun.decoding.auto import AutoPolicy
+from specrun.decoding.engine import MAX_DRAFT, Engine, SpecConfig
 from specrun.errors import IncompatiblePairError, ModelError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.store import ProgressFn
-from specrun.decoding.auto import AutoPolicy
-from specrun.decoding.engine import MAX_DRAFT, Engine, SpecConfig
 
 DEFAULT_CTX = defaults.CTX
 DEFAULT_DRAFT_MAX = defaults.DRAFT_MAX

@@ -29,12 +29,12 @@ from typing import Any
 
 from specrun import defaults
 from specrun.bench.suite import Prompt, order_columns
-from specrun.errors import SpecrunError, UsageError
-from specrun.session import calibrate_auto
 from specrun.decoding.costmodel import expected_tokens
 from specrun.decoding.engine import Engine, SpecConfig
 from specrun.decoding.sampling import SamplingParams
 from specrun.decoding.stats import SpecStats
+from specrun.errors import SpecrunError, UsageError
+from specrun.session import calibrate_auto
 
 
 # -- configurations -------------------------------------------------------------------------

@@ -10,10 +10,6 @@ from typing import Annotated, Any
 
 import typer
 
-from specrun.bench import report as bench_report
-from specrun.bench import run as bench_run
-from specrun.bench import suite as bench_suite
-from specrun.chat_template import encode_chat
 from specrun.cli.common import Streams, err_console, load_engine
 from specrun.cli.console import console
 from specrun.cli.options import model_options, sampling_options
@@ -110,6 +106,10 @@ def bench(
     """Baseline against speculation modes on a prompt suite: speed-up per category, acceptance,
     and the cost model's prediction beside each measurement."""
 
+    from specrun.bench import report as bench_report
+    from specrun.bench import run as bench_run
+    from specrun.bench import suite as bench_suite
+
     streams = Streams.detect()
     mode_list = bench_run.parse_modes(modes)
     ks = bench_run.parse_ks(draft_max)
@@ -149,6 +149,8 @@ def bench(
         template = target.chat_template()
 
         def encode(messages: list[dict[str, str]]) -> list[int]:
+            from specrun.chat_template import encode_chat
+
             if template:
                 return encode_chat(target, messages)
             text = "\n\n".join(m["content"] for m in messages)
@@ -257,6 +259,8 @@ def _run_with_progress(
     err: Any,
 ) -> Any:
     """The runner under a Rich progress bar on stderr (a terminal only, as the contract says)."""
+    from specrun.bench import run as bench_run
+
     if not streams.stderr_tty:
         return bench_run.run_bench(
             engines,
@@ -307,6 +311,8 @@ def _run_with_progress(
 
 def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
     from rich.table import Table
+
+    from specrun.bench import report as bench_report
 
     head, body = bench_report.table_data(rows, columns)
     t = Table(

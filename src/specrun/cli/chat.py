@@ -147,8 +147,8 @@ def _run(
 ) -> None:
     from specrun.chat import ChatSession, handle_command, read_message
     from specrun.cli.display import sink_for as make_sink
-    from specrun.session import describe
     from specrun.decoding.engine import Result
+    from specrun.session import describe
 
     engine = loaded.engine
     stdin_tty = sys.stdin.isatty()

@@ -8,11 +8,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specrun import session
 from specrun.cli.console import console
 from specrun.cli.progress import PullProgress
+
+if TYPE_CHECKING:
+    from specrun import session
 
 
 @dataclass
@@ -72,6 +74,7 @@ def _last_words(line: str) -> None:
 
 def load_engine(opts: Any, streams: Streams) -> session.Loaded:
     """Resolve (pulling what is missing, with progress bars) and load (with a spinner), on a terminal."""
+    from specrun import session
     from specrun.models.registry import Registry
 
     if opts.rpc:

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import typer
 
-from specrun.chat_template import encode_prompt
 from specrun.cli.common import Streams, given_on_command_line, json_line, load_engine
 from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 from specrun.errors import UsageError
@@ -196,6 +195,8 @@ def generate(
     params: Any = None,
 ) -> None:
     """One completion, streamed to stdout (statistics go to stderr)."""
+    from specrun.chat_template import encode_prompt
+
     streams = Streams.detect()
     if max_tokens < 0:
         raise UsageError(f"--max-tokens must be >= 0, got {max_tokens}")
@@ -229,8 +230,8 @@ def generate(
         from dataclasses import replace
 
         from specrun.cli.display import sink_for, summary_line
-        from specrun.session import describe
         from specrun.decoding.engine import Result
+        from specrun.session import describe
 
         show_summary = stats or streams.stderr_tty
         results: list[Result] = []

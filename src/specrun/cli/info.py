@@ -16,7 +16,6 @@ import typer
 
 from specrun.cli.options import model_options
 from specrun.errors import ModelError, SpecrunError
-from specrun.machine import machine_info
 
 
 def register(app: typer.Typer) -> None:
@@ -389,6 +388,8 @@ def info(
     """What this llama.cpp build and machine can do (backends, devices, memory, threads), and for a
     model or pair: sizes, layers, context, the memory it will need, and whether it is compatible.
     Nothing is pulled or loaded."""
+    from specrun.machine import machine_info
+
     explicit = bool(opts.pair or opts.model or opts.model_draft)
     b = build_info()
     m = machine_info()

@@ -322,10 +322,10 @@ def check_pair(
 ) -> dict[str, Any]:
     """Load both models (small contexts: the probe needs little), list every failing rule, and
     probe a compatible pair. ``target_model``: an already loaded target (a sweep loads it once)."""
+    from specrun.decoding import calibrate
     from specrun.llama.gguf import validate_gguf
     from specrun.llama.model import LoadOptions, Model
     from specrun.probe import compatibility, probe, recommended
-    from specrun.decoding import calibrate
 
     n_ctx = 256 + (settings.max_tokens + settings.learn_k if settings else 0)
     opts = LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx))

@@ -245,7 +245,7 @@ class AutoPolicy(Policy):
             self._since = 0
             self._probe_every = min(self.priors.probe_max, self._probe_every * 2)
             key, k, s = "draft", min(2, k_model), 0.0
-            single = getattr(getattr(self.model, "model", None), "single_rows", False)
+            single = self.model is not None and self.model.single_rows
             window = self.priors.probe_window_single if single else self.priors.probe_window
         if lookup_prop is not None:
             self._pending.append([lookup_key, lookup_prop.tokens, 0])

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specrun.decoding.target import Target
 from specrun.paths import specrun_home, write_json_atomic
 
 SIZES = (1, 2, 3, 5, 9)
@@ -41,9 +42,7 @@ def cache_file() -> Path:
     return specrun_home() / "calibration.json"
 
 
-def _key(model: Any, sizes: Sequence[int]) -> str:
-    from specrun.llama.backend import build_id, cpu_name, system_info
-
+def _key(model: Target, sizes: Sequence[int]) -> str:
     st = Path(model.path).stat()
     cp = model.context_params()
     parts = [
@@ -51,9 +50,7 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
         str(Path(model.path).resolve()),
         str(st.st_size),
         str(st.st_mtime_ns),
-        system_info(),
-        build_id(),
-        cpu_name(),
+        model.machine_key(),
         str(cp["n_threads"]),
         str(cp["n_threads_batch"]),
         str(cp.get("gpu_layers", 0)),
@@ -61,7 +58,7 @@ def _key(model: Any, sizes: Sequence[int]) -> str:
         str(cp.get("type_k")),
         str(model.single_rows),
         # Where the weights are (AMX, CPU_REPACK, plain): a pass's cost follows the kernels.
-        ",".join(getattr(model, "load_report", {}).get("weight_buffers", ())),
+        ",".join(model.load_report.get("weight_buffers", ())),
         ",".join(map(str, sizes)),
     ]
     if cp.get("rpc"):  # layers on RPC workers: every pass pays their round trips

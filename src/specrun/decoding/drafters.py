@@ -10,14 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from specrun.decoding import sampling as S
-
-if TYPE_CHECKING:
-    from specrun.llama.model import Model
+from specrun.decoding.target import Target
 
 
 @dataclass
@@ -76,11 +74,11 @@ class DraftModel:
 
     name = "draft"
 
-    def __init__(self, model: Model, p_min: float = 0.0) -> None:
+    def __init__(self, model: Target, p_min: float = 0.0) -> None:
         self.model = model
         self.p_min = p_min
         # The stop rule's check in C where the model's build has it (llama/native.py).
-        self._native = getattr(model, "top_prob_fn", None)
+        self._native = model.top_prob_fn
         # The cache position of each of the engine's tokens the draft has taken in (-1: skipped);
         # what sits at each position the Model records (model.cached).
         self._pos: list[int] = []
@@ -90,6 +88,11 @@ class DraftModel:
         # each token it read but the last, (sure, hit): whether it was sure of its next token (at
         # p_min) and whether that token is the one that came next.
         self.last_evidence: list[tuple[bool, bool]] = []
+
+    @property
+    def single_rows(self) -> bool:
+        """The draft's passes run one row at a time (its placement asked for it)."""
+        return self.model.single_rows
 
     def reset(self) -> None:
         self.model.clear()

@@ -12,19 +12,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from specrun import defaults
-from specrun.errors import SpecrunError, UsageError
-from specrun.llama.model import Model
 from specrun.decoding import sampling as S
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
 from specrun.decoding.policy import FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
 from specrun.decoding.stats import SpecStats
+from specrun.decoding.target import Target
 from specrun.decoding.textstream import TextStream
+from specrun.errors import SpecrunError, UsageError
 
 MODES = ("auto", "draft", "lookup", "hybrid", "none")
 VERIFY_RULES = ("rejection", "match")
@@ -117,10 +117,13 @@ class _Run:
     finish: str | None = None
 
 
-class Engine:
+M = TypeVar("M", bound=Target)
+
+
+class Engine(Generic[M]):
     """Owns the target, the optional drafter, and the positions of both caches."""
 
-    def __init__(self, target: Model, draft: Model | None = None, config: SpecConfig | None = None):
+    def __init__(self, target: M, draft: Target | None = None, config: SpecConfig | None = None):
         self.target = target
         self.config = config or SpecConfig()
         self.config.validate()
@@ -308,7 +311,7 @@ class Engine:
         draft_min = self.config.draft_min
         eog = target.is_eog
         piece = target.piece
-        native = getattr(target, "top_prob_fn", None)  # the sureness check in C (llama/native.py)
+        native = target.top_prob_fn  # the sureness check in C (llama/native.py)
         policy = self.policy
         t_decode = time.perf_counter()
         try:

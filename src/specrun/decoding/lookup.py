@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specrun.errors import SpecrunError
-from specrun.paths import write_json_atomic
 from specrun.decoding import sampling as S
 from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.errors import SpecrunError
+from specrun.paths import write_json_atomic
 
 
 class NgramIndex:

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specrun.errors import SpecrunError
-from specrun.paths import write_json_atomic
 from specrun.decoding import sampling as S
 from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.decoding.target import Target
+from specrun.errors import SpecrunError
+from specrun.paths import write_json_atomic
 
 SEP = -1  # between stored sequences: never fed to a matcher, so never matched, ends a walk
 # The occurrence count of a new end position goes to the new state and its suffix-link
@@ -268,17 +269,16 @@ def _migrate_v1(ngrams: dict[str, dict[str, int]]) -> list[list[int]]:
     return out[:20000]
 
 
-def vocab_key(model: object) -> str:
+def vocab_key(model: Target) -> str:
     """The target's vocabulary, as a short key: its size and a hash of a sample of token texts
     (a store of token ids means nothing under another vocabulary)."""
     import hashlib
 
-    n = int(getattr(model, "n_vocab", 0))
-    text = getattr(model, "token_text", None)
+    n = int(model.n_vocab)
     h = hashlib.sha1(str(n).encode())
-    if text is not None and n:
+    if n:
         for t in range(0, n, max(1, n // 512)):
-            h.update(text(t))
+            h.update(model.token_text(t))
             h.update(b"\0")
     return f"{n}-{h.hexdigest()[:16]}"
 

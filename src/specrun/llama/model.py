@@ -295,6 +295,12 @@ class Model:
             eos=int(ll.llama_vocab_eos(v)),
         )
 
+    def machine_key(self) -> str:
+        """The build, backend and CPU this model runs on (``decoding.target.Target``)."""
+        from specrun.llama.backend import build_id, cpu_name, system_info
+
+        return "\0".join((system_info(), build_id(), cpu_name()))
+
     def token_text(self, token: int) -> bytes:
         return ll.llama_vocab_get_text(self._vocab, token) or b""
 

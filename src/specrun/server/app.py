@@ -13,13 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specrun.decoding.sampling import SamplingParams
 from specrun.errors import SpecrunError
 from specrun.server import responses as R
 from specrun.server.errors import APIError, bad, error_body
 from specrun.server.metrics import CONTENT_TYPE, Metrics
 from specrun.server.requests import GenRequest, check_spec, parse_json, parse_request
 from specrun.server.worker import EngineWorker, Job, QueueFull
-from specrun.decoding.sampling import SamplingParams
 
 MAX_BODY = 8 << 20  # bytes: far above any prompt a context holds, far below a memory problem
 OPEN_PATHS = (

@@ -14,9 +14,9 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specrun.server.errors import APIError, bad
 from specrun.decoding.engine import MAX_DRAFT, MODES
 from specrun.decoding.sampling import SamplingParams
+from specrun.server.errors import APIError, bad
 
 MAX_N = 16  # completions per request (n)
 MAX_STOP = 16  # stop strings per request

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specrun.decoding.engine import Result, Step
 from specrun.errors import SpecrunError
 from specrun.server.prompt_cache import PromptCache
 from specrun.server.requests import GenRequest
-from specrun.decoding.engine import Result, Step
 
 
 @dataclass
