@@ -333,3 +333,113 @@ def summary_rows(d: dict[str, Any]) -> list[tuple[str, str]]:
             "identical to the target alone" if d["identical"] else "DIFFERENT (a bug)",
         ),
     ]
+
+
+# --------------------------------------------------------------------------------------------
+# A draft for any target, found on disk (`specrun models drafts`, and -m with no draft)
+
+DRAFTS_SETTINGS = ProbeSettings(max_tokens=24, learn_k=4, repeats=1, prompts=PROMPTS[:2])
+
+
+@dataclass
+class DraftRank:
+    """One candidate draft as measured: ``speedup`` the probe's measured (else predicted)
+    speed-up at its best K; ``problem`` why it was left out after loading, if it was."""
+
+    name: str
+    source: str
+    path: str
+    size: int
+    probe: dict[str, Any] | None = None
+    speedup: float | None = None
+    draft_max: int | None = None
+    problem: str | None = None
+
+
+def rank_drafts(
+    target_path: Any,
+    registry: Any,
+    settings: ProbeSettings = DRAFTS_SETTINGS,
+    say: Say | None = None,
+    n_threads: int | None = None,
+) -> tuple[list[DraftRank], list[Any]]:
+    """Every local model that could draft for the target (``models.drafts.candidates``),
+    probed and ranked by measured speed-up, best first; and those left out, with why."""
+    from pathlib import Path
+
+    from specrun.llama.model import LoadOptions, Model
+    from specrun.models import drafts
+
+    tell = say or (lambda _msg: None)
+    target_path = Path(target_path)
+    keep, left, _tf = drafts.candidates(target_path, registry)
+    ranks: list[DraftRank] = []
+    if not keep:
+        return ranks, left
+    n_ctx = 256 + settings.max_tokens + settings.learn_k
+    opts = LoadOptions(n_ctx=n_ctx, n_threads=n_threads, n_batch=min(512, n_ctx))
+    tell(f"loading {target_path.name}")
+    target = Model(target_path, opts)
+    try:
+        for m in keep:
+            r = DraftRank(m.name, m.source, str(m.path), m.size)
+            ranks.append(r)
+            tell(f"probing {m.name}")
+            try:
+                d = Model(m.path, opts)
+            except Exception as exc:  # a file llama.cpp refuses: left out, the rest go on
+                r.problem = f"llama.cpp cannot load it: {exc}"
+                continue
+            try:
+                probs = compatibility(target, d)
+                if probs:
+                    r.problem = "incompatible: " + probs[0]
+                    continue
+                p = probe(target, d, settings, say=_prefixed(tell, m.name))
+                r.probe = p.to_dict()
+                r.speedup = p.measured if p.measured is not None else p.predicted
+                r.draft_max = recommended(p)
+            finally:
+                d.close()
+    finally:
+        target.close()
+    ranks.sort(key=lambda r: (r.problem is not None, -(r.speedup or 0.0)))
+    return ranks, left
+
+
+def _prefixed(tell: Say, name: str) -> Say:
+    return lambda msg: tell(f"{name}: {msg}")
+
+
+def best_draft_for(
+    target_path: Any,
+    registry: Any,
+    say: Say | None = None,
+    n_threads: int | None = None,
+) -> tuple[Any, int | None] | None:
+    """The draft that pays best for this target file among the models on disk, and its
+    draft_max: remembered per target file (``models.drafts.remember``), else found by
+    ``rank_drafts`` and remembered. None when none is compatible or none pays."""
+    from pathlib import Path
+
+    from specrun.models import drafts
+
+    target_path = Path(target_path)
+    known, path = drafts.remembered(target_path)
+    if known:
+        if path is None:
+            return None
+        figures = drafts._read().get(str(target_path.resolve()), {}).get("figures", {})
+        dm = figures.get("draft_max") if isinstance(figures, dict) else None
+        return path, dm if isinstance(dm, int) else None
+    ranks, _left = rank_drafts(target_path, registry, say=say, n_threads=n_threads)
+    best = next(
+        (r for r in ranks if r.problem is None and r.speedup is not None and r.speedup > 1.0),
+        None,
+    )
+    if best is None:
+        drafts.remember(target_path, None)
+        return None
+    figures = {"name": best.name, "speedup": best.speedup, "draft_max": best.draft_max}
+    drafts.remember(target_path, Path(best.path), figures)
+    return Path(best.path), best.draft_max

@@ -57,8 +57,17 @@ def _load(verbose: bool = False) -> Registry:
 @app.command("list")
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list for scripts.")] = False,
+    all_: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            "-a",
+            help="Also every GGUF on disk: Ollama's store, LM Studio's folder, the Hugging Face "
+            "cache (source, size, format, architecture, vocabulary).",
+        ),
+    ] = False,
 ) -> None:
-    """Registry models (source, size, present) and pairs."""
+    """Registry models (source, size, present) and pairs; with --all every GGUF on disk."""
     reg = _load()
     rows: list[dict[str, Any]] = []
     for name, e in reg.models.items():
@@ -89,6 +98,8 @@ def list_models(
                 "origin": str(p.origin) if p.origin else None,
             }
         )
+    if all_:
+        rows += _local_rows(reg)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -114,6 +125,119 @@ def list_models(
     con.print(pairs)
     if reg.default and reg.default not in reg.pairs:
         con.print(f"default: {reg.default}")
+    if all_:
+        _print_local(con, [r for r in rows if r["kind"] == "local"])
+
+
+def _local_rows(reg: Registry) -> list[dict[str, Any]]:
+    """Every GGUF on disk (the registry's present models and the other tools' stores), with
+    what its header says; a file llama.cpp cannot load carries the reason in ``problem``."""
+    from specrun.models import drafts, stores
+
+    out = []
+    for m in drafts.local_models(reg, dedupe=False):
+        f = stores.facts(m.path)
+        out.append(
+            {
+                "kind": "local",
+                "name": m.name,
+                "source": m.source,
+                "path": str(m.path),
+                "size": m.size,
+                **f.to_dict(),
+            }
+        )
+    return out
+
+
+def _print_local(con: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table(title="on disk (-m NAME)", title_justify="left")
+    for col in ("name", "source", "size", "format", "arch", "vocab"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r["source"],
+            human_size(r["size"]),
+            r["format"] or "-",
+            r["arch"] or "-",
+            r["vocab"] or "-",
+        )
+    con.print(table)
+    for r in rows:
+        if r["problem"]:
+            con.print(f"{r['source']} {r['name']}: {r['problem']}", soft_wrap=True, markup=False)
+
+
+@app.command()
+def drafts(
+    target: Annotated[
+        str,
+        typer.Argument(help="The target: a path, a registry name, an Ollama or LM Studio name."),
+    ],
+    probe_run: Annotated[
+        bool,
+        typer.Option("--probe/--no-probe", help="Measure each candidate (a short probe)."),
+    ] = True,
+    threads: ProbeThreads = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object for scripts.")
+    ] = False,
+) -> None:
+    """Rank every model on disk that could draft for TARGET (compatible vocabulary, under half
+    its size) by a short measured probe; say why the others were left out."""
+    from specrun.models import drafts as drafts_mod
+    from specrun.probe import DraftRank, rank_drafts
+
+    reg = _load()
+    t = reg.resolve(target, pull=False)
+    if probe_run:
+        with spinner(not as_json, f"ranking drafts for {t.name}") as say:
+            ranks, left = rank_drafts(t.path, reg, say=say, n_threads=threads)
+    else:
+        keep, left, _tf = drafts_mod.candidates(t.path, reg)
+        ranks = [DraftRank(m.name, m.source, str(m.path), m.size) for m in keep]
+    out = {
+        "target": {"name": t.name, "path": str(t.path), "size": t.path.stat().st_size},
+        "ranked": [dataclasses.asdict(r) for r in ranks],
+        "left_out": [
+            {
+                "name": lo.model.name,
+                "source": lo.model.source,
+                "path": str(lo.model.path),
+                "reason": lo.reason,
+            }
+            for lo in left
+        ],
+    }
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    con = _stdout()
+    table = Table(title=f"drafts for {t.name}", title_justify="left")
+    for col in ("#", "name", "source", "size", "acceptance", "best K", "speed-up", "note"):
+        table.add_column(col, justify="right" if col in ("#", "size") else "left")
+    for i, r in enumerate(ranks, 1):
+        pr = r.probe or {}
+        table.add_row(
+            str(i),
+            r.name,
+            r.source,
+            human_size(r.size),
+            f"{pr['acceptance']:.0%}" if pr else "-",
+            str(r.draft_max or 0) if pr else "-",
+            f"{r.speedup:.2f}x" if r.speedup is not None else "-",
+            r.problem or "",
+        )
+    con.print(table)
+    if not ranks:
+        con.print("no model on disk can draft for it: auto runs draft-free", soft_wrap=True)
+    for lo in left:
+        con.print(
+            f"left out {lo.model.name} ({lo.model.source}): {lo.reason}",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 @app.command()

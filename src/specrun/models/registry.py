@@ -217,10 +217,15 @@ class Registry:
     def resolve(
         self, spec: str, progress: ProgressFn | None = None, pull: bool = True
     ) -> ResolvedModel:
-        """A GGUF path, a registry model name, or USER/REPO[:QUANT] on the hub -> a local file."""
+        """A GGUF path, a registry model name, a model in another tool's store (Ollama's
+        ``NAME[:TAG]``, LM Studio's or the hub cache's ``ORG/REPO/FILE.gguf``: ``stores``), or
+        USER/REPO[:QUANT] on the hub -> a local file. A name found in two places is an error."""
         p = Path(os.path.expanduser(spec))
         if p.is_file():
             return ResolvedModel(name=p.name.removesuffix(".gguf"), path=p.absolute(), entry=None)
+        found = self._in_stores(spec)
+        if found is not None:
+            return found
         if spec in self.models:
             if not pull and self.models[spec].source != "path" and not self.is_present(spec):
                 raise ModelError(f"model {spec} is not present; run `specrun models pull {spec}`")
@@ -243,6 +248,38 @@ class Registry:
             f"unknown model {spec!r}{suggest(spec, self.models)} "
             "(a GGUF path, a registry name or USER/REPO[:QUANT]; see `specrun models list`)"
         )
+
+    def _in_stores(self, spec: str) -> ResolvedModel | None:
+        """``spec`` found in another tool's store (read, never written): its file; None when no
+        store has it. Found there and elsewhere too (the registry, a second store, the hub cache
+        under another file): an error naming every place."""
+        from specrun.models import stores
+
+        local = stores.lookup(spec)
+        if spec.startswith("ollama:") and not local:
+            raise ModelError(
+                f"no Ollama model {spec.removeprefix('ollama:')} in {stores.ollama_root()} "
+                "(`ollama list` shows what is there)"
+            )
+        if not local:
+            return None
+        places = [m.where for m in local]
+        if spec in self.models:
+            places.insert(0, f"registry: {spec} ({self.models[spec].label})")
+        hub = parse_hub_spec(spec)
+        if hub is not None and not spec.startswith("ollama:"):
+            with contextlib.suppress(PullError, ModelError, RegistryError, UsageError):
+                cached = self.resolve_hub(hub[0], quant=hub[1], pull=False, name=spec).path
+                as_local = stores.LocalModel(spec, "hf-cache", cached, 0, cached.resolve().name)
+                if not any(stores.same_file(as_local, m) for m in local):
+                    places.append(f"hf-cache: {spec} ({cached})")
+        if len(places) > 1:
+            raise RegistryError(
+                f"{spec!r} names {len(places)} models: " + "; ".join(places) + " (give the path, "
+                "or ollama:NAME for Ollama's)"
+            )
+        stores.check_loadable(local[0])
+        return ResolvedModel(name=spec, path=local[0].path, entry=None)
 
     def resolve_hub(
         self,
