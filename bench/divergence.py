@@ -27,7 +27,7 @@ def child(pair: str, n: int, exact: bool) -> dict:
         os.environ["GGML_CPU_TILED_MM"] = "1"
     from modes_compare import PROMPTS
 
-    from specrun.bench.suite import load_suite
+    from specrun.benchmark.suite import load_suite
     from specrun.chat_template import encode_chat
     from specrun.decoding.engine import Engine, SpecConfig
     from specrun.llama.model import LoadOptions, Model

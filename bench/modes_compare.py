@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from specrun.bench.suite import load_suite
+from specrun.benchmark.suite import load_suite
 from specrun.chat_template import encode_chat, resolve_template
 from specrun.decoding.engine import Engine, SpecConfig
 from specrun.decoding.priors import PRIORS

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from specrun.bench.suite import load_suite
+from specrun.benchmark.suite import load_suite
 from specrun.chat_template import encode_chat
 from specrun.decoding import sampling as S
 from specrun.decoding.engine import Engine, Result, SpecConfig, Step

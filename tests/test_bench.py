@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from specrun.bench import report as bench_report
-from specrun.bench import run as bench_run
-from specrun.bench import suite as bench_suite
+from specrun.benchmark import report as bench_report
+from specrun.benchmark import run as bench_run
+from specrun.benchmark import suite as bench_suite
 from specrun.cli.main import main
 from specrun.decoding.costmodel import predicted_speedup
 from specrun.decoding.stats import SpecStats

@@ -2,7 +2,7 @@
 
     front ends   cli/                  (Typer and Rich)         imports anything below, server/ too
                  server/               (HTTP)                   `specrun serve` mounts it from cli/
-    application  session, chat, probe, bench, chat_template     prints nothing
+    application  session, chat, probe, benchmark, chat_template prints nothing
     models       models/ (registry, files, memory)              may use llama/ (GGUF facts, quantize)
     core         decoding/ (the loop and its math)              never llama/: a Target protocol
     llama        llama/                                         the only importer of llama_cpp
@@ -21,7 +21,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
 
-APPLICATION = {"session", "chat", "probe", "bench", "chat_template", "machine"}
+APPLICATION = {"session", "chat", "probe", "benchmark", "chat_template", "machine"}
 BASE = {"errors", "paths", "defaults", "__init__"}
 RANK = {
     "base": 0,

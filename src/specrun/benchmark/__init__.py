@@ -1,4 +1,5 @@
 """`specrun bench`: the target alone against every speculation mode on a prompt suite.
+(Named `benchmark` apart from bench/, the folder of measuring scripts at the repository's root.)
 
 - ``suite``: the prompts (the built-in suite, Spec-Bench's JSON-lines files) and their columns;
 - ``run``: the configurations, the engines and the measuring (its docstring: the method);

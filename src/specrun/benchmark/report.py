@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from specrun import machine
-from specrun.bench.run import BenchResult, Config, Run, round_or_none
-from specrun.bench.suite import COLUMNS
+from specrun.benchmark.run import BenchResult, Config, Run, round_or_none
+from specrun.benchmark.suite import COLUMNS
 from specrun.errors import SpecrunError
 
 

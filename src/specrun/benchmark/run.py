@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrun import defaults
-from specrun.bench.suite import Prompt, order_columns
+from specrun.benchmark.suite import Prompt, order_columns
 from specrun.decoding.costmodel import expected_tokens
 from specrun.decoding.engine import Engine, SpecConfig
 from specrun.decoding.sampling import SamplingParams

@@ -1,4 +1,4 @@
-"""The `specrun bench` command: options in, bench/run.py's runner and bench/report.py's report out."""
+"""The `specrun bench` command: options in, benchmark/run.py's runner and benchmark/report.py's report out."""
 
 from __future__ import annotations
 
@@ -106,9 +106,9 @@ def bench(
     """Baseline against speculation modes on a prompt suite: speed-up per category, acceptance,
     and the cost model's prediction beside each measurement."""
 
-    from specrun.bench import report as bench_report
-    from specrun.bench import run as bench_run
-    from specrun.bench import suite as bench_suite
+    from specrun.benchmark import report as bench_report
+    from specrun.benchmark import run as bench_run
+    from specrun.benchmark import suite as bench_suite
 
     streams = Streams.detect()
     mode_list = bench_run.parse_modes(modes)
@@ -259,7 +259,7 @@ def _run_with_progress(
     err: Any,
 ) -> Any:
     """The runner under a Rich progress bar on stderr (a terminal only, as the contract says)."""
-    from specrun.bench import run as bench_run
+    from specrun.benchmark import run as bench_run
 
     if not streams.stderr_tty:
         return bench_run.run_bench(
@@ -312,7 +312,7 @@ def _run_with_progress(
 def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
     from rich.table import Table
 
-    from specrun.bench import report as bench_report
+    from specrun.benchmark import report as bench_report
 
     head, body = bench_report.table_data(rows, columns)
     t = Table(
