@@ -171,13 +171,16 @@ def test_lookup_file_round_trip_per_vocabulary(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_lookup_file_migrates_the_ngram_format(tmp_path):
+def test_lookup_file_refuses_the_old_ngram_format_in_one_line(tmp_path):
+    """Format 1 (--lookup-kind ngram's follower counts) is no longer migrated: one line says so."""
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({"version": 1, "n": 3, "ngrams": {"1 2 3": {"4": 5, "9": 1}}}))
-    d = SuffixLookup(file=LookupFile(path, "v"))
-    seq = [8, 1, 2, 3]
-    d.prefill(seq)
-    assert d.propose(seq, 2, P, RNG, True).tokens == [4]
+    content = json.dumps({"version": 1, "n": 3, "ngrams": {"1 2 3": {"4": 5, "9": 1}}})
+    path.write_text(content)
+    with pytest.raises(SpecrunError) as exc:
+        LookupFile(path, "v")
+    msg = str(exc.value)
+    assert "\n" not in msg and str(path) in msg and "old-format file" in msg and "delete it" in msg
+    assert path.read_text() == content  # left as it was
 
 
 @pytest.mark.parametrize(

@@ -207,9 +207,8 @@ class LookupFile:
     """The ``--lookup-cache`` file: stored sequences per target vocabulary, written atomically.
 
     Format 2: ``{"format": "specrun-lookup", "version": 2, "vocabs": {KEY: [[tok, ...], ...]}}``.
-    A format-1 file (n-gram follower counts, ``lookup.NgramCache``) is migrated: its n-grams
-    followed by their follower, most frequent first, become short sequences of this vocabulary.
-    Anything else is refused with a one-line error (the file is left as it is).
+    A format-1 file (n-gram follower counts: ``lookup.NgramCache``, ``--lookup-kind ngram``) and
+    anything else are refused with a one-line error (the file is left as it is).
     """
 
     FORMAT, VERSION = "specrun-lookup", 2
@@ -235,10 +234,13 @@ class LookupFile:
             ) from None
         if not isinstance(data, dict):
             raise self._refuse("not a JSON object")
+        if data.get("version") == 1 and "ngrams" in data:
+            raise SpecrunError(
+                f"lookup cache {self.path} is an old-format file (the n-gram counts of "
+                "--lookup-kind ngram): delete it or pick another file"
+            )
         try:
-            if data.get("version") == 1 and "ngrams" in data:
-                self.vocabs[self.vocab] = _migrate_v1(data["ngrams"])
-            elif data.get("format") == self.FORMAT and data.get("version") == self.VERSION:
+            if data.get("format") == self.FORMAT and data.get("version") == self.VERSION:
                 for key, seqs in data["vocabs"].items():
                     self.vocabs[str(key)] = [[int(t) for t in s] for s in seqs]
             else:
@@ -254,19 +256,6 @@ class LookupFile:
         self.vocabs[self.vocab] = [list(s) for s in seqs]
         data = {"format": self.FORMAT, "version": self.VERSION, "vocabs": self.vocabs}
         write_json_atomic(self.path, data)
-
-
-def _migrate_v1(ngrams: dict[str, dict[str, int]]) -> list[list[int]]:
-    rows = []
-    for key, followers in ngrams.items():
-        ctx = [int(x) for x in key.split()]
-        for tok, count in followers.items():
-            rows.append((int(count), [*ctx, int(tok)]))
-    rows.sort(key=lambda r: -r[0])
-    out: list[list[int]] = []
-    for count, seq in rows:
-        out.extend([seq] * min(count, 3))  # counts matter, up to a point
-    return out[:20000]
 
 
 def vocab_key(model: Target) -> str:
