@@ -587,9 +587,45 @@ def _validate(
     check_tensors: bool,
     load_arrays: bool | Collection[str],
 ) -> GGUFInfo:
+    """The file section by section, each check in the order llama.cpp reads it: the header, the
+    metadata (and what llama.cpp reads from it: the alignment, the llama hyperparameters), then,
+    with ``check_tensors``, the tensor infos and the tensor data's layout."""
+    r = _Reader(f, path, size)
+    version, n_tensors, n_kv = _check_header(r)
+    _check_counts(r, n_tensors, n_kv, check_tensors)
+    metadata, types = _read_metadata(r, n_kv, load_arrays)
+    alignment = _alignment(r, metadata, types)
+    _check_llama_hparams(r, metadata)
+    tensors = _TensorInfos()
+    data_offset = -1
+    if check_tensors:
+        tensors = _read_tensor_infos(r, n_tensors)
+        data_offset = _check_tensor_data(r, tensors.layout, alignment)
+    arch = metadata.get("general.architecture")
+    name = metadata.get("general.name")
+    return GGUFInfo(
+        path=path,
+        version=version,
+        n_tensors=n_tensors,
+        n_kv=n_kv,
+        metadata=metadata,
+        architecture=arch if isinstance(arch, str) else None,
+        name=name if isinstance(name, str) else None,
+        alignment=alignment,
+        tensor_data_offset=data_offset,
+        file_size=size,
+        layer_bytes_by_type=tensors.by_type,
+        layer_matrices=tensors.matrices,
+        output_matrix=tensors.outputs.get("output.weight")
+        or tensors.outputs.get("token_embd.weight"),
+    )
+
+
+def _check_header(r: _Reader) -> tuple[int, int, int]:
+    """The magic, the version, the counts: (version, tensor count, metadata key/value count)."""
+    path, size = r.path, r.size
     if size == 0:
         raise ModelError(f"not a GGUF file: {path} (the file is empty)")
-    r = _Reader(f, path, size)
     if size < 4:
         raise ModelError(f"not a GGUF file: {path} (only {size} bytes long)")
     magic = r.take(4, "magic")
@@ -618,10 +654,14 @@ def _validate(
         )
     n_tensors = r.u64("tensor count")
     n_kv = r.u64("metadata key/value count")
+    return version, n_tensors, n_kv
 
-    # Each KV takes at least 8 (key length) + 1 (key) + 4 (type) + 1 (value) bytes; each tensor
-    # info at least 8 (name length) + 1 (name) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset).
-    left = size - r.pos
+
+def _check_counts(r: _Reader, n_tensors: int, n_kv: int, check_tensors: bool) -> None:
+    """The counts against the bytes left: each KV takes at least 8 (key length) + 1 (key) + 4
+    (type) + 1 (value) bytes; each tensor info at least 8 (name length) + 1 (name) + 4 (n_dims)
+    + 8 (one dim) + 4 (type) + 8 (offset)."""
+    left = r.size - r.pos
     if n_kv > left // 14:
         raise r.too_many(f"{n_kv} metadata key/value pairs", left, "after the header")
     if check_tensors and n_tensors * 33 + n_kv * 14 > left:
@@ -629,12 +669,16 @@ def _validate(
             f"{n_tensors} tensors and {n_kv} metadata key/value pairs", left, "after the header"
         )
 
+
+def _read_metadata(
+    r: _Reader, n_kv: int, load_arrays: bool | Collection[str]
+) -> tuple[dict[str, object], dict[str, tuple[int, bool]]]:
+    """The key/value pairs: (key -> value, key -> (type, is_array)); arrays past SHORT_ARRAY
+    elements kept as OmittedValue unless ``load_arrays`` is True or names their key."""
     load_all = load_arrays is True
     wanted: Collection[str] = () if isinstance(load_arrays, bool) else load_arrays
-
-    # --- metadata ---
     metadata: dict[str, object] = {}
-    types: dict[str, tuple[int, bool]] = {}  # key -> (type, is_array)
+    types: dict[str, tuple[int, bool]] = {}
     for i in range(n_kv):
         klen = r.u64(f"length of key #{i}")
         if klen == 0:
@@ -653,73 +697,44 @@ def _validate(
         vtype = r.u32(f"type of key {_q(key)}")
         metadata[key] = _read_value(r, key, vtype, load_all or key in wanted)
         types[key] = (vtype, False) if vtype != T_ARRAY else (-1, True)
+    return metadata, types
 
-    alignment = DEFAULT_ALIGNMENT
-    if ALIGNMENT_KEY in metadata:
-        value = metadata[ALIGNMENT_KEY]
-        if types[ALIGNMENT_KEY] != (T_UINT32, False):
-            vtype, is_array = types[ALIGNMENT_KEY]
-            tname = "array" if is_array else _TYPE_NAMES[vtype]
-            raise r.corrupt(f"{ALIGNMENT_KEY} must be a uint32, it is a {tname}")
-        if not isinstance(value, int) or value == 0 or value & (value - 1):
-            raise r.corrupt(f"{ALIGNMENT_KEY} is {value}, not a power of two")
-        alignment = value
 
-    _check_llama_hparams(r, metadata)
+def _alignment(r: _Reader, metadata: dict[str, object], types: dict[str, tuple[int, bool]]) -> int:
+    """general.alignment (a uint32 power of two) or the default."""
+    if ALIGNMENT_KEY not in metadata:
+        return DEFAULT_ALIGNMENT
+    value = metadata[ALIGNMENT_KEY]
+    if types[ALIGNMENT_KEY] != (T_UINT32, False):
+        vtype, is_array = types[ALIGNMENT_KEY]
+        tname = "array" if is_array else _TYPE_NAMES[vtype]
+        raise r.corrupt(f"{ALIGNMENT_KEY} must be a uint32, it is a {tname}")
+    if not isinstance(value, int) or value == 0 or value & (value - 1):
+        raise r.corrupt(f"{ALIGNMENT_KEY} is {value}, not a power of two")
+    return value
 
-    by_type: dict[str, int] = {}
-    matrices: list[tuple[str, str, int, int]] = []
-    outputs: dict[str, tuple[str, int, int]] = {}
 
-    def result(tensor_data_offset: int) -> GGUFInfo:
-        arch = metadata.get("general.architecture")
-        name = metadata.get("general.name")
-        return GGUFInfo(
-            path=path,
-            version=version,
-            n_tensors=n_tensors,
-            n_kv=n_kv,
-            metadata=metadata,
-            architecture=arch if isinstance(arch, str) else None,
-            name=name if isinstance(name, str) else None,
-            alignment=alignment,
-            tensor_data_offset=tensor_data_offset,
-            file_size=size,
-            layer_bytes_by_type=by_type,
-            layer_matrices=matrices,
-            output_matrix=outputs.get("output.weight") or outputs.get("token_embd.weight"),
-        )
+@dataclass
+class _TensorInfos:
+    """What the tensor infos say: each tensor's (name, bytes, offset) in file order, and the
+    facts GGUFInfo keeps (the layers' bytes per type, their matrices, the output matrix)."""
 
-    if not check_tensors:
-        return result(-1)
+    layout: list[tuple[str, int, int]] = field(default_factory=list)
+    by_type: dict[str, int] = field(default_factory=dict)
+    matrices: list[tuple[str, str, int, int]] = field(default_factory=list)
+    outputs: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
+
+def _read_tensor_infos(r: _Reader, n_tensors: int) -> _TensorInfos:
+    """Each tensor's name, shape, type and offset, checked as llama.cpp checks them."""
     # The KVs are read: recheck the tensor count against what is left.
-    left = size - r.pos
+    left = r.size - r.pos
     if n_tensors > left // 33:
         raise r.too_many(f"{n_tensors} tensors", left, "for the tensor infos")
-
-    # --- tensor infos ---
-    tensors: list[tuple[str, int, int]] = []  # (name, nbytes, offset)
+    out = _TensorInfos()
     seen: set[str] = set()
     for i in range(n_tensors):
-        nlen = r.u64(f"length of the name of tensor #{i}")
-        if nlen == 0:
-            raise r.corrupt(f"tensor #{i} has an empty name")
-        if nlen > MAX_TENSOR_NAME:
-            raise r.corrupt(
-                f"tensor #{i} has a name of {nlen} bytes, llama.cpp allows at most {MAX_TENSOR_NAME}"
-            )
-        raw = r.take(nlen, f"name of tensor #{i}")
-        try:
-            name = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise r.corrupt(f"name of tensor #{i} is not valid UTF-8: {_short(raw)}") from None
-        if "\x00" in name:
-            raise r.corrupt(f"name of tensor #{i} contains a NUL byte: {name!r}")
-        if name in seen:
-            raise r.corrupt(f"duplicate tensor name {name!r} (tensor #{i})")
-        seen.add(name)
-
+        name = _tensor_name(r, i, seen)
         n_dims = r.u32(f"n_dims of tensor {name!r}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise r.corrupt(f"tensor {name!r} has {n_dims} dimensions, must be 1 to {MAX_DIMS}")
@@ -733,40 +748,69 @@ def _validate(
             raise r.corrupt(
                 f"tensor {name!r} with shape {list(dims)} has more than 2^63-1 elements"
             )
-
-        gtype = r.u32(f"type of tensor {name!r}")
-        if gtype not in GGML_TYPES:
-            if gtype in _REMOVED_GGML_TYPES:
-                raise r.corrupt(
-                    f"tensor {name!r} has ggml type {gtype} ({_REMOVED_GGML_TYPES[gtype]}), "
-                    "which llama.cpp no longer supports"
-                )
-            raise r.corrupt(f"tensor {name!r} has unknown ggml type {gtype}")
-        tname, blck, tsize = GGML_TYPES[gtype]
-        if dims[0] % blck:
-            raise r.corrupt(
-                f"tensor {name!r} of type {tname} has {dims[0]} elements per row, "
-                f"not a multiple of the block size {blck}"
-            )
-        nbytes = nelements // blck * tsize
+        tname, nbytes = _tensor_type(r, name, dims, nelements)
         if name.startswith("blk.") and n_dims == 2:
-            by_type[tname] = by_type.get(tname, 0) + nbytes
-            matrices.append((name, tname, dims[1], dims[0]))
+            out.by_type[tname] = out.by_type.get(tname, 0) + nbytes
+            out.matrices.append((name, tname, dims[1], dims[0]))
         elif n_dims == 2 and name in ("output.weight", "token_embd.weight"):
-            outputs[name] = (tname, dims[1], dims[0])
+            out.outputs[name] = (tname, dims[1], dims[0])
         offset = r.u64(f"data offset of tensor {name!r}")
-        tensors.append((name, nbytes, offset))
+        out.layout.append((name, nbytes, offset))
+    return out
 
-    data_offset = _pad(r.pos, alignment) if n_tensors else r.pos
+
+def _tensor_name(r: _Reader, i: int, seen: set[str]) -> str:
+    nlen = r.u64(f"length of the name of tensor #{i}")
+    if nlen == 0:
+        raise r.corrupt(f"tensor #{i} has an empty name")
+    if nlen > MAX_TENSOR_NAME:
+        raise r.corrupt(
+            f"tensor #{i} has a name of {nlen} bytes, llama.cpp allows at most {MAX_TENSOR_NAME}"
+        )
+    raw = r.take(nlen, f"name of tensor #{i}")
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise r.corrupt(f"name of tensor #{i} is not valid UTF-8: {_short(raw)}") from None
+    if "\x00" in name:
+        raise r.corrupt(f"name of tensor #{i} contains a NUL byte: {name!r}")
+    if name in seen:
+        raise r.corrupt(f"duplicate tensor name {name!r} (tensor #{i})")
+    seen.add(name)
+    return name
+
+
+def _tensor_type(r: _Reader, name: str, dims: tuple[int, ...], nelements: int) -> tuple[str, int]:
+    """The tensor's ggml type, known and fitting its rows: (type name, data bytes)."""
+    gtype = r.u32(f"type of tensor {name!r}")
+    if gtype not in GGML_TYPES:
+        if gtype in _REMOVED_GGML_TYPES:
+            raise r.corrupt(
+                f"tensor {name!r} has ggml type {gtype} ({_REMOVED_GGML_TYPES[gtype]}), "
+                "which llama.cpp no longer supports"
+            )
+        raise r.corrupt(f"tensor {name!r} has unknown ggml type {gtype}")
+    tname, blck, tsize = GGML_TYPES[gtype]
+    if dims[0] % blck:
+        raise r.corrupt(
+            f"tensor {name!r} of type {tname} has {dims[0]} elements per row, "
+            f"not a multiple of the block size {blck}"
+        )
+    return tname, nelements // blck * tsize
+
+
+def _check_tensor_data(r: _Reader, layout: list[tuple[str, int, int]], alignment: int) -> int:
+    """The data's layout: llama.cpp wants each tensor at the aligned end of the previous one,
+    all inside the file. Returns where the tensor data starts."""
+    path, size = r.path, r.size
+    data_offset = _pad(r.pos, alignment) if layout else r.pos
     if data_offset > size:
         raise ModelError(
             f"truncated GGUF: {path} (tensor data should start at byte {data_offset}, "
             f"the file has {size})"
         )
-
-    # --- tensor data layout: llama.cpp wants each tensor at the aligned end of the previous one ---
     expected = 0
-    for name, nbytes, offset in tensors:
+    for name, nbytes, offset in layout:
         if offset % alignment:
             raise r.corrupt(
                 f"tensor {name!r} has data offset {offset}, not a multiple of the alignment "
@@ -783,5 +827,4 @@ def _validate(
                 f"truncated GGUF: {path} (tensor {name!r} data ends at byte {end}, file has {size})"
             )
         expected = offset + _pad(nbytes, alignment)
-
-    return result(data_offset)
+    return data_offset
