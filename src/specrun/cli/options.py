@@ -19,549 +19,453 @@ from typing import Annotated, Any
 import typer
 
 from specrun import defaults as D
+from specrun.cli.llama_compat import ALIASES, EXCLUDE_WITH, given, mode_for_spec_type, translate
 from specrun.errors import UsageError
 
 P_MODELS, P_SPEC, P_PLACE, P_SAMPLE = "Models", "Speculation", "Placement", "Sampling"
 
 
-def _opt(*decls: str, help: str, panel: str | None = None, **kw: Any) -> Any:  # noqa: A002
-    return typer.Option(*decls, help=help, rich_help_panel=panel, **kw)
+def envvar_for(*decls: str) -> str:
+    """An option's environment variable: SPECRUN_ and its long flag (``--batch-size``:
+    SPECRUN_BATCH_SIZE), as llama.cpp's LLAMA_ARG_*."""
+    long = next(d for d in decls if d.startswith("--")).split("/")[0]
+    return "SPECRUN_" + long[2:].upper().replace("-", "_")
 
 
-# (parameter name, type, typer.Option, default). Every option also reads an environment variable
-# (SPECRUN_<NAME>, as llama.cpp's LLAMA_ARG_*), shown in --help; the command line wins over it.
-# The llama.cpp spellings (-hf, --spec-draft-n-max, --spec-type, ...) are aliases: README's
-# tables give the llama.cpp and Ollama equivalent of each flag.
+def _opt(*decls: str, help: str, **kw: Any) -> tuple[tuple[str, ...], dict[str, Any]]:  # noqa: A002
+    """An option's flags and settings; ``_panel`` makes it a typer.Option."""
+    return decls, {"help": help, **kw}
+
+
+def _panel(panel: str | None, *rows: tuple[str, Any, Any, Any]) -> list[tuple[str, Any, Any, Any]]:
+    """The options of one --help panel, each reading its environment variable (``envvar_for``),
+    shown in --help; the command line wins over it."""
+    return [
+        (name, typ, typer.Option(*decls, rich_help_panel=panel, envvar=envvar_for(*decls), **kw), d)
+        for name, typ, (decls, kw), d in rows
+    ]
+
+
+# (parameter name, type, typer.Option, default), panel by panel. The llama.cpp spellings (-hf,
+# --spec-type, and the hidden --spec-draft-n-max, ...) are llama_compat's: options here, their
+# translation there; docs/usage.md's tables give the llama.cpp and Ollama equivalent of each flag.
 MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    (
-        "pair",
-        str | None,
-        _opt(
-            "--pair",
-            help="A pair from the registry (default: the registry's default).",
-            panel=P_MODELS,
-            envvar="SPECRUN_PAIR",
+    *_panel(
+        P_MODELS,
+        (
+            "pair",
+            str | None,
+            _opt(
+                "--pair",
+                help="A pair from the registry (default: the registry's default).",
+            ),
+            None,
         ),
+        (
+            "model",
+            str | None,
+            _opt(
+                "-m",
+                "--model",
+                help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]) on the hub.",
+            ),
+            None,
+        ),
+        (
+            "model_draft",
+            str | None,
+            _opt(
+                "-md",
+                "--model-draft",
+                help="Draft model (overrides the pair's draft).",
+            ),
+            None,
+        ),
+        (
+            "hf_repo",
+            str | None,
+            _opt(
+                "-hf",
+                "-hfr",
+                "--hf-repo",
+                help="Target from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hf; same as -m USER/REPO[:QUANT]).",
+                metavar="USER/REPO[:QUANT]",
+            ),
+            None,
+        ),
+        (
+            "hf_file",
+            str | None,
+            _opt(
+                "-hff",
+                "--hf-file",
+                help="The file of the -hf repo to use (overrides its QUANT).",
+                metavar="FILE",
+            ),
+            None,
+        ),
+        (
+            "hf_repo_draft",
+            str | None,
+            _opt(
+                "-hfd",
+                "-hfrd",
+                "--hf-repo-draft",
+                help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).",
+                metavar="USER/REPO[:QUANT]",
+            ),
+            None,
+        ),
+        (
+            "hf_file_draft",
+            str | None,
+            _opt(
+                "-hffd",
+                "--hf-file-draft",
+                help="The file of the -hfd repo to use (overrides its QUANT).",
+                metavar="FILE",
+            ),
+            None,
+        ),
+        (
+            "chat_template",
+            str | None,
+            _opt(
+                "--chat-template",
+                help="Render chats with this template instead of the GGUF's: one of llama.cpp's built-in formats (chatml, gemma, llama3, ...) or Jinja text, as llama.cpp.",
+                metavar="NAME|JINJA",
+            ),
+            None,
+        ),
+        (
+            "chat_template_file",
+            str | None,
+            _opt(
+                "--chat-template-file",
+                help="Render chats with the Jinja template in FILE instead of the GGUF's, as llama.cpp.",
+                metavar="FILE",
+            ),
+            None,
+        ),
+    ),
+    *_panel(
+        P_SPEC,
+        (
+            "mode",
+            str,
+            _opt(
+                "--mode",
+                help="auto|draft|lookup|hybrid|none (none = the target alone).",
+            ),
+            D.MODE,
+        ),
+        (
+            "spec_type",
+            str | None,
+            _opt(
+                "--spec-type",
+                help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.",
+                metavar="TYPE[,TYPE]",
+            ),
+            None,
+        ),
+        (
+            "draft_max",
+            int | None,
+            _opt(
+                "--draft-max",
+                help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.",
+            ),
+            None,
+        ),
+        (
+            "draft_min",
+            int,
+            _opt(
+                "--draft-min",
+                help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.",
+            ),
+            D.DRAFT_MIN,
+        ),
+        (
+            "draft_p_min",
+            float,
+            _opt(
+                "--draft-p-min",
+                help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.",
+            ),
+            D.DRAFT_P_MIN,
+        ),
+        (
+            "verify",
+            str,
+            _opt(
+                "--verify",
+                help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).",
+            ),
+            D.VERIFY,
+        ),
+        (
+            "lookup_min",
+            int | None,
+            _opt(
+                "--lookup-min",
+                help=f"Shortest match a lookup drafter proposes from (default: {D.LOOKUP_MIN}; auto, which prices each match length: {D.LOOKUP_MIN_AUTO}).",
+            ),
+            None,
+        ),
+        (
+            "lookup_max",
+            int,
+            _opt(
+                "--lookup-max",
+                help="Longest n-gram prompt lookup matches (tried first).",
+            ),
+            D.LOOKUP_MAX,
+        ),
+        (
+            "lookup_kind",
+            str,
+            _opt(
+                "--lookup-kind",
+                help="The lookup drafter (lookup/hybrid/auto): suffix (the longest match in this text and earlier outputs, ranked continuations) or ngram (llama.cpp-style n-gram prompt lookup).",
+                metavar="suffix|ngram",
+            ),
+            D.LOOKUP_KIND,
+        ),
+        (
+            "lookup_draft_max",
+            int,
+            _opt(
+                "--lookup-draft-max",
+                help="Longest suffix-lookup proposal (at least --draft-max): a long match is cheap to verify.",
+            ),
+            D.LOOKUP_DRAFT_MAX,
+        ),
+        (
+            "lookup_cache",
+            str | None,
+            _opt(
+                "--lookup-cache",
+                help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).",
+            ),
+            None,
+        ),
+    ),
+    *_panel(
+        P_PLACE,
+        (
+            "ngl",
+            str,
+            _opt(
+                "--ngl",
+                "-ngl",
+                help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
+                metavar="N|auto|all",
+            ),
+            "auto",
+        ),
+        (
+            "ngl_draft",
+            str,
+            _opt(
+                "--ngl-draft",
+                "-ngld",
+                help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
+                metavar="N|auto|all",
+            ),
+            "auto",
+        ),
+        (
+            "rpc",
+            str | None,
+            _opt(
+                "--rpc",
+                help="llama.cpp RPC workers (`specrun worker` on each) for the target's layers, split by their free memory (llama.cpp: --rpc).",
+                metavar="HOST:PORT[,HOST:PORT...]",
+            ),
+            None,
+        ),
+        (
+            "rpc_draft",
+            bool,
+            _opt(
+                "--rpc-draft",
+                help="Place the draft's layers on the --rpc workers too (default: the draft runs here).",
+            ),
+            False,
+        ),
+        (
+            "tensor_split",
+            str | None,
+            _opt(
+                "--tensor-split",
+                "-ts",
+                help="Shares of the offloaded layers per device, e.g. 3,1: the --rpc workers' devices in order, then this machine's GPUs (llama.cpp: -ts). Default: by free memory.",
+                metavar="N0,N1,...",
+            ),
+            None,
+        ),
+        (
+            "ctx",
+            int,
+            _opt(
+                "--ctx",
+                "-c",
+                help="Target context size in tokens (also --ctx-size).",
+            ),
+            D.CTX,
+        ),
+        (
+            "ctx_draft",
+            int | None,
+            _opt(
+                "--ctx-draft",
+                "-cd",
+                help="Draft context size (default: as the target's).",
+            ),
+            None,
+        ),
+        (
+            "threads",
+            int | None,
+            _opt(
+                "--threads",
+                "-t",
+                help="CPU threads for the target (default: physical cores).",
+            ),
+            None,
+        ),
+        (
+            "threads_draft",
+            int | None,
+            _opt(
+                "--threads-draft",
+                "-td",
+                help="CPU threads for the draft (default: as --threads).",
+            ),
+            None,
+        ),
+        (
+            "batch",
+            int,
+            _opt(
+                "--batch-size",
+                "-b",
+                help="Most tokens per llama_decode call (prompt chunks).",
+            ),
+            D.BATCH,
+        ),
+        (
+            "flash_attn",
+            str,
+            _opt(
+                "--flash-attn",
+                "-fa",
+                help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).",
+            ),
+            D.FLASH_ATTN,
+        ),
+        (
+            "cache_type_k",
+            str,
+            _opt(
+                "--cache-type-k",
+                "-ctk",
+                help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.",
+            ),
+            D.CACHE_TYPE,
+        ),
+        (
+            "cache_type_v",
+            str,
+            _opt(
+                "--cache-type-v",
+                "-ctv",
+                help="Target KV cache type for V (quantized V needs flash attention).",
+            ),
+            D.CACHE_TYPE,
+        ),
+        (
+            "cache_type_k_draft",
+            str | None,
+            _opt(
+                "--cache-type-k-draft",
+                "-ctkd",
+                help="Draft KV cache type for K (default: as the target's).",
+            ),
+            None,
+        ),
+        (
+            "cache_type_v_draft",
+            str | None,
+            _opt(
+                "--cache-type-v-draft",
+                "-ctvd",
+                help="Draft KV cache type for V (default: as the target's).",
+            ),
+            None,
+        ),
+        (
+            "mem_check",
+            bool,
+            _opt(
+                "--mem-check/--no-mem-check",
+                help="Refuse to load models the memory estimate says will not fit.",
+            ),
+            True,
+        ),
+    ),
+    *_panel(
         None,
-    ),
-    (
-        "model",
-        str | None,
-        _opt(
-            "-m",
-            "--model",
-            help="Target: a GGUF path, a registry name, or USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]) on the hub.",
-            panel=P_MODELS,
-            envvar="SPECRUN_MODEL",
+        (
+            "verbose",
+            bool,
+            _opt("--verbose", help="Show llama.cpp's own log on stderr."),
+            False,
         ),
-        None,
-    ),
-    (
-        "model_draft",
-        str | None,
-        _opt(
-            "-md",
-            "--model-draft",
-            help="Draft model (overrides the pair's draft).",
-            panel=P_MODELS,
-            envvar="SPECRUN_MODEL_DRAFT",
-        ),
-        None,
-    ),
-    (
-        "hf_repo",
-        str | None,
-        _opt(
-            "-hf",
-            "-hfr",
-            "--hf-repo",
-            help="Target from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hf; same as -m USER/REPO[:QUANT]).",
-            panel=P_MODELS,
-            envvar="SPECRUN_HF_REPO",
-            metavar="USER/REPO[:QUANT]",
-        ),
-        None,
-    ),
-    (
-        "hf_file",
-        str | None,
-        _opt(
-            "-hff",
-            "--hf-file",
-            help="The file of the -hf repo to use (overrides its QUANT).",
-            panel=P_MODELS,
-            envvar="SPECRUN_HF_FILE",
-            metavar="FILE",
-        ),
-        None,
-    ),
-    (
-        "hf_repo_draft",
-        str | None,
-        _opt(
-            "-hfd",
-            "-hfrd",
-            "--hf-repo-draft",
-            help="Draft model from the Hugging Face hub, USER/REPO[:QUANT] (as llama.cpp's -hfd).",
-            panel=P_MODELS,
-            envvar="SPECRUN_HF_REPO_DRAFT",
-            metavar="USER/REPO[:QUANT]",
-        ),
-        None,
-    ),
-    (
-        "hf_file_draft",
-        str | None,
-        _opt(
-            "-hffd",
-            "--hf-file-draft",
-            help="The file of the -hfd repo to use (overrides its QUANT).",
-            panel=P_MODELS,
-            envvar="SPECRUN_HF_FILE_DRAFT",
-            metavar="FILE",
-        ),
-        None,
-    ),
-    (
-        "chat_template",
-        str | None,
-        _opt(
-            "--chat-template",
-            help="Render chats with this template instead of the GGUF's: one of llama.cpp's built-in formats (chatml, gemma, llama3, ...) or Jinja text, as llama.cpp.",
-            panel=P_MODELS,
-            envvar="SPECRUN_CHAT_TEMPLATE",
-            metavar="NAME|JINJA",
-        ),
-        None,
-    ),
-    (
-        "chat_template_file",
-        str | None,
-        _opt(
-            "--chat-template-file",
-            help="Render chats with the Jinja template in FILE instead of the GGUF's, as llama.cpp.",
-            panel=P_MODELS,
-            envvar="SPECRUN_CHAT_TEMPLATE_FILE",
-            metavar="FILE",
-        ),
-        None,
-    ),
-    (
-        "mode",
-        str,
-        _opt(
-            "--mode",
-            help="auto|draft|lookup|hybrid|none (none = the target alone).",
-            panel=P_SPEC,
-            envvar="SPECRUN_MODE",
-        ),
-        D.MODE,
-    ),
-    (
-        "spec_type",
-        str | None,
-        _opt(
-            "--spec-type",
-            help="llama.cpp's drafter names, comma-separated, mapped onto --mode: none; draft-simple = draft; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache = lookup; a draft and an n-gram type = hybrid.",
-            panel=P_SPEC,
-            envvar="SPECRUN_SPEC_TYPE",
-            metavar="TYPE[,TYPE]",
-        ),
-        None,
-    ),
-    (
-        "draft_max",
-        int | None,
-        _opt(
-            "--draft-max",
-            help="Longest draft (default: the pair's, else 4; auto, which picks K per step: at least 8). llama.cpp: --spec-draft-n-max.",
-            panel=P_SPEC,
-            envvar="SPECRUN_DRAFT_MAX",
-        ),
-        None,
-    ),
-    (
-        "draft_min",
-        int,
-        _opt(
-            "--draft-min",
-            help="Shortest draft worth verifying. llama.cpp: --spec-draft-n-min.",
-            panel=P_SPEC,
-            envvar="SPECRUN_DRAFT_MIN",
-        ),
-        D.DRAFT_MIN,
-    ),
-    (
-        "draft_p_min",
-        float,
-        _opt(
-            "--draft-p-min",
-            help="Stop drafting when the draft's top probability falls below P (0 = never). llama.cpp: --spec-draft-p-min.",
-            panel=P_SPEC,
-            envvar="SPECRUN_DRAFT_P_MIN",
-        ),
-        D.DRAFT_P_MIN,
-    ),
-    (
-        "verify",
-        str,
-        _opt(
-            "--verify",
-            help="temp > 0: rejection (Leviathan/Chen, default) or match (sample-and-match, as llama-server).",
-            panel=P_SPEC,
-            envvar="SPECRUN_VERIFY",
-        ),
-        D.VERIFY,
-    ),
-    (
-        "lookup_min",
-        int | None,
-        _opt(
-            "--lookup-min",
-            help=f"Shortest match a lookup drafter proposes from (default: {D.LOOKUP_MIN}; auto, which prices each match length: {D.LOOKUP_MIN_AUTO}).",
-            panel=P_SPEC,
-            envvar="SPECRUN_LOOKUP_MIN",
-        ),
-        None,
-    ),
-    (
-        "lookup_max",
-        int,
-        _opt(
-            "--lookup-max",
-            help="Longest n-gram prompt lookup matches (tried first).",
-            panel=P_SPEC,
-            envvar="SPECRUN_LOOKUP_MAX",
-        ),
-        D.LOOKUP_MAX,
-    ),
-    (
-        "lookup_kind",
-        str,
-        _opt(
-            "--lookup-kind",
-            help="The lookup drafter (lookup/hybrid/auto): suffix (the longest match in this text and earlier outputs, ranked continuations) or ngram (llama.cpp-style n-gram prompt lookup).",
-            panel=P_SPEC,
-            envvar="SPECRUN_LOOKUP_KIND",
-            metavar="suffix|ngram",
-        ),
-        D.LOOKUP_KIND,
-    ),
-    (
-        "lookup_draft_max",
-        int,
-        _opt(
-            "--lookup-draft-max",
-            help="Longest suffix-lookup proposal (at least --draft-max): a long match is cheap to verify.",
-            panel=P_SPEC,
-            envvar="SPECRUN_LOOKUP_DRAFT_MAX",
-        ),
-        D.LOOKUP_DRAFT_MAX,
-    ),
-    (
-        "lookup_cache",
-        str | None,
-        _opt(
-            "--lookup-cache",
-            help="A file of n-gram statistics kept across runs (lookup/hybrid/auto).",
-            panel=P_SPEC,
-            envvar="SPECRUN_LOOKUP_CACHE",
-        ),
-        None,
-    ),
-    (
-        "ngl",
-        str,
-        _opt(
-            "--ngl",
-            "-ngl",
-            help="Target layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
-            panel=P_PLACE,
-            envvar="SPECRUN_NGL",
-            metavar="N|auto|all",
-        ),
-        "auto",
-    ),
-    (
-        "ngl_draft",
-        str,
-        _opt(
-            "--ngl-draft",
-            "-ngld",
-            help="Draft layers offloaded to the GPU: N, auto (all that fit) or all (-1 = auto).",
-            panel=P_PLACE,
-            envvar="SPECRUN_NGL_DRAFT",
-            metavar="N|auto|all",
-        ),
-        "auto",
-    ),
-    (
-        "rpc",
-        str | None,
-        _opt(
-            "--rpc",
-            help="llama.cpp RPC workers (`specrun worker` on each) for the target's layers, split by their free memory (llama.cpp: --rpc).",
-            panel=P_PLACE,
-            envvar="SPECRUN_RPC",
-            metavar="HOST:PORT[,HOST:PORT...]",
-        ),
-        None,
-    ),
-    (
-        "rpc_draft",
-        bool,
-        _opt(
-            "--rpc-draft",
-            help="Place the draft's layers on the --rpc workers too (default: the draft runs here).",
-            panel=P_PLACE,
-            envvar="SPECRUN_RPC_DRAFT",
-        ),
-        False,
-    ),
-    (
-        "tensor_split",
-        str | None,
-        _opt(
-            "--tensor-split",
-            "-ts",
-            help="Shares of the offloaded layers per device, e.g. 3,1: the --rpc workers' devices in order, then this machine's GPUs (llama.cpp: -ts). Default: by free memory.",
-            panel=P_PLACE,
-            envvar="SPECRUN_TENSOR_SPLIT",
-            metavar="N0,N1,...",
-        ),
-        None,
-    ),
-    (
-        "ctx",
-        int,
-        _opt(
-            "--ctx",
-            "-c",
-            help="Target context size in tokens (also --ctx-size).",
-            panel=P_PLACE,
-            envvar="SPECRUN_CTX",
-        ),
-        D.CTX,
-    ),
-    (
-        "ctx_draft",
-        int | None,
-        _opt(
-            "--ctx-draft",
-            "-cd",
-            help="Draft context size (default: as the target's).",
-            panel=P_PLACE,
-            envvar="SPECRUN_CTX_DRAFT",
-        ),
-        None,
-    ),
-    (
-        "threads",
-        int | None,
-        _opt(
-            "--threads",
-            "-t",
-            help="CPU threads for the target (default: physical cores).",
-            panel=P_PLACE,
-            envvar="SPECRUN_THREADS",
-        ),
-        None,
-    ),
-    (
-        "threads_draft",
-        int | None,
-        _opt(
-            "--threads-draft",
-            "-td",
-            help="CPU threads for the draft (default: as --threads).",
-            panel=P_PLACE,
-            envvar="SPECRUN_THREADS_DRAFT",
-        ),
-        None,
-    ),
-    (
-        "batch",
-        int,
-        _opt(
-            "--batch-size",
-            "-b",
-            help="Most tokens per llama_decode call (prompt chunks).",
-            panel=P_PLACE,
-            envvar="SPECRUN_BATCH_SIZE",
-        ),
-        D.BATCH,
-    ),
-    (
-        "flash_attn",
-        str,
-        _opt(
-            "--flash-attn",
-            "-fa",
-            help="Flash attention: on|off|auto (auto: off on the CPU, where batched rows then equal single rows bit for bit; llama.cpp decides on a GPU; on for a quantized V cache).",
-            panel=P_PLACE,
-            envvar="SPECRUN_FLASH_ATTN",
-        ),
-        D.FLASH_ATTN,
-    ),
-    (
-        "cache_type_k",
-        str,
-        _opt(
-            "--cache-type-k",
-            "-ctk",
-            help="Target KV cache type for K: f16, f32, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.",
-            panel=P_PLACE,
-            envvar="SPECRUN_CACHE_TYPE_K",
-        ),
-        D.CACHE_TYPE,
-    ),
-    (
-        "cache_type_v",
-        str,
-        _opt(
-            "--cache-type-v",
-            "-ctv",
-            help="Target KV cache type for V (quantized V needs flash attention).",
-            panel=P_PLACE,
-            envvar="SPECRUN_CACHE_TYPE_V",
-        ),
-        D.CACHE_TYPE,
-    ),
-    (
-        "cache_type_k_draft",
-        str | None,
-        _opt(
-            "--cache-type-k-draft",
-            "-ctkd",
-            help="Draft KV cache type for K (default: as the target's).",
-            panel=P_PLACE,
-            envvar="SPECRUN_CACHE_TYPE_K_DRAFT",
-        ),
-        None,
-    ),
-    (
-        "cache_type_v_draft",
-        str | None,
-        _opt(
-            "--cache-type-v-draft",
-            "-ctvd",
-            help="Draft KV cache type for V (default: as the target's).",
-            panel=P_PLACE,
-            envvar="SPECRUN_CACHE_TYPE_V_DRAFT",
-        ),
-        None,
-    ),
-    (
-        "mem_check",
-        bool,
-        _opt(
-            "--mem-check/--no-mem-check",
-            help="Refuse to load models the memory estimate says will not fit.",
-            panel=P_PLACE,
-            envvar="SPECRUN_MEM_CHECK",
-        ),
-        True,
-    ),
-    (
-        "verbose",
-        bool,
-        _opt("--verbose", help="Show llama.cpp's own log on stderr.", envvar="SPECRUN_VERBOSE"),
-        False,
     ),
 ]
 
 SAMPLING_OPTIONS: list[tuple[str, Any, Any, Any]] = [
-    (
-        "temp",
-        float,
-        _opt("--temp", help="Temperature; 0 = greedy.", panel=P_SAMPLE, envvar="SPECRUN_TEMP"),
-        D.TEMP,
-    ),
-    (
-        "top_k",
-        int,
-        _opt("--top-k", help="Top-k (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_K"),
-        D.TOP_K,
-    ),
-    (
-        "top_p",
-        float,
-        _opt("--top-p", help="Top-p (1 = off).", panel=P_SAMPLE, envvar="SPECRUN_TOP_P"),
-        D.TOP_P,
-    ),
-    (
-        "min_p",
-        float,
-        _opt("--min-p", help="Min-p (0 = off).", panel=P_SAMPLE, envvar="SPECRUN_MIN_P"),
-        D.MIN_P,
-    ),
-    (
-        "seed",
-        int | None,
-        _opt(
-            "--seed",
-            "-s",
-            help="Random seed (default: random, always reported).",
-            panel=P_SAMPLE,
-            envvar="SPECRUN_SEED",
+    *_panel(
+        P_SAMPLE,
+        (
+            "temp",
+            float,
+            _opt("--temp", help="Temperature; 0 = greedy."),
+            D.TEMP,
         ),
-        None,
+        (
+            "top_k",
+            int,
+            _opt("--top-k", help="Top-k (0 = off)."),
+            D.TOP_K,
+        ),
+        (
+            "top_p",
+            float,
+            _opt("--top-p", help="Top-p (1 = off)."),
+            D.TOP_P,
+        ),
+        (
+            "min_p",
+            float,
+            _opt("--min-p", help="Min-p (0 = off)."),
+            D.MIN_P,
+        ),
+        (
+            "seed",
+            int | None,
+            _opt(
+                "--seed",
+                "-s",
+                help="Random seed (default: random, always reported).",
+            ),
+            None,
+        ),
     ),
 ]
-
-# llama.cpp's long spellings of options above, accepted but left out of --help (where they would
-# crowd the column of names); README's tables list them. Given, they stand for the option.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "draft_max": ("--spec-draft-n-max",),
-    "draft_min": ("--spec-draft-n-min",),
-    "draft_p_min": ("--spec-draft-p-min",),
-    "ngl": ("--n-gpu-layers", "--gpu-layers"),
-    "ngl_draft": ("--n-gpu-layers-draft", "--gpu-layers-draft"),
-    "ctx": ("--ctx-size",),
-    "ctx_draft": ("--ctx-size-draft",),
-}
-
-# What an excluded option takes with it (bench sweeps --mode itself, so --spec-type goes too).
-_EXCLUDE_WITH = {"mode": ("spec_type",)}
-
-# llama.cpp's --spec-type names -> specrun's --mode. The others name drafters specrun does not
-# have (heads or draft networks trained for one target): refused by name.
-SPEC_TYPE_MODES = {
-    "none": "none",
-    "draft-simple": "draft",
-    "ngram-simple": "lookup",
-    "ngram-map-k": "lookup",
-    "ngram-map-k4v": "lookup",
-    "ngram-mod": "lookup",
-    "ngram-cache": "lookup",
-}
-SPEC_TYPES_REFUSED = {
-    "draft-mtp": "multi-token-prediction (MTP) heads",
-    "draft-eagle3": "EAGLE-3 draft heads",
-    "draft-dflash": "DFlash drafters",
-    "draft-dspark": "DSpark drafters",
-}
-
-
-def mode_for_spec_type(value: str) -> str:
-    """``--spec-type a,b`` -> a --mode, as llama.cpp combines them: n-gram types are tried before
-    a draft model, which is specrun's hybrid."""
-    modes = set()
-    for name in (t.strip().lower() for t in value.split(",")):
-        if name in SPEC_TYPES_REFUSED:
-            raise UsageError(
-                f"--spec-type {name}: specrun has no {SPEC_TYPES_REFUSED[name]}; it offers none, "
-                "draft-simple (--mode draft) and the n-gram types (--mode lookup)"
-            )
-        if name not in SPEC_TYPE_MODES:
-            known = ", ".join([*SPEC_TYPE_MODES, *SPEC_TYPES_REFUSED])
-            raise UsageError(f"--spec-type: unknown type {name!r} (llama.cpp's types: {known})")
-        if SPEC_TYPE_MODES[name] != "none":
-            modes.add(SPEC_TYPE_MODES[name])
-    if modes == {"draft", "lookup"}:
-        return "hybrid"
-    return modes.pop() if modes else "none"
-
 
 NGL_ALL = 1 << 30  # --ngl all: every layer, refused when they do not fit (llama.cpp: -ngl all)
 
@@ -589,7 +493,7 @@ def _inject(
     defaults: dict[str, Any],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     skip = set(exclude)
-    skip |= {x for n in exclude for x in _EXCLUDE_WITH.get(n, ())}
+    skip |= {x for n in exclude for x in EXCLUDE_WITH.get(n, ())}
     rows = [(n, t, o, defaults.get(n, d)) for n, t, o, d in table if n not in skip]
     unknown = (set(defaults) | skip) - {n for n, *_ in table}
     if unknown:
@@ -666,10 +570,6 @@ def _sources(ctx: Any, names: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _given(src: dict[str, str], name: str) -> bool:
-    return src.get(name) == "COMMANDLINE"
-
-
 def _drop_env_rivals(
     kw: dict[str, Any], src: dict[str, str], rivals: list[tuple[str, str]]
 ) -> None:
@@ -680,15 +580,16 @@ def _drop_env_rivals(
             if (
                 kw.get(mine) is not None
                 and kw.get(other) is not None
-                and _given(src, mine)
+                and given(src, mine)
                 and src.get(other) == "ENVIRONMENT"
             ):
                 kw[other] = None
 
 
 def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
-    """The command line's model options -> a validated ModelOptions. llama.cpp's spellings are
-    folded in here: -hf/-hfd into -m/-md, --spec-type into --mode, --ngl auto|all into numbers."""
+    """The command line's model options -> a validated ModelOptions: an option typed beats its
+    rival from the environment, llama.cpp's spellings are translated (llama_compat), --ngl
+    auto|all become numbers."""
     from specrun.session import ModelOptions
 
     src = src or {}
@@ -703,34 +604,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
             ("chat_template", "chat_template_file"),
         ],
     )
-    for hub, plain, file, flag in (
-        ("hf_repo", "model", "hf_file", "-hf"),
-        ("hf_repo_draft", "model_draft", "hf_file_draft", "-hfd"),
-    ):
-        repo = kw.pop(hub, None)
-        if kw.get(file) is not None and repo is None:
-            raise UsageError(
-                f"{'--hf-file' if flag == '-hf' else '--hf-file-draft'} names a file of "
-                f"the {flag} repo: give {flag} USER/REPO too"
-            )
-        if repo is None:
-            continue
-        if kw.get(plain) is not None:
-            raise UsageError(f"give either {flag} or {'-m' if flag == '-hf' else '-md'}, not both")
-        from specrun.models.hub import parse_hub_spec
-
-        if parse_hub_spec(repo) is None:
-            raise UsageError(f"{flag} takes a Hugging Face repo, USER/REPO[:QUANT]; got {repo!r}")
-        kw[plain] = repo
-    spec_type = kw.pop("spec_type", None)
-    if spec_type is not None:
-        mode = mode_for_spec_type(spec_type)
-        if _given(src, "mode") and kw.get("mode") != mode and _given(src, "spec_type"):
-            raise UsageError(
-                f"--spec-type {spec_type} means --mode {mode}, but --mode {kw['mode']} was given"
-            )
-        if not (_given(src, "mode") and not _given(src, "spec_type")):
-            kw["mode"] = mode
+    translate(kw, src)  # llama.cpp's spellings: -hf/-hfd, --spec-type
     for name, flag in (("ngl", "--ngl"), ("ngl_draft", "--ngl-draft")):
         if name in kw:
             kw[name] = parse_ngl(kw[name], flag)
@@ -760,7 +634,15 @@ def sampling_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable
     return _inject(SAMPLING_OPTIONS, "params", _build_sampling, (), defaults)
 
 
-__all__ = ["MODEL_OPTIONS", "SAMPLING_OPTIONS", "model_options", "sampling_options"]
+__all__ = [
+    "ALIASES",
+    "MODEL_OPTIONS",
+    "SAMPLING_OPTIONS",
+    "envvar_for",
+    "mode_for_spec_type",
+    "model_options",
+    "sampling_options",
+]
 
 
 # The probe's options, shared by `models check` and `draft make` (defaults: probe.ProbeSettings).
@@ -785,6 +667,6 @@ TemplateKwargs = Annotated[
         "--chat-template-kwargs",
         metavar="JSON",
         help="Extra variables for the chat template, as llama.cpp: '{\"enable_thinking\": false}'.",
-        envvar="SPECRUN_CHAT_TEMPLATE_KWARGS",
+        envvar=envvar_for("--chat-template-kwargs"),
     ),
 ]
