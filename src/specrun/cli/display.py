@@ -1,5 +1,6 @@
 """What the user sees: streamed text on stdout, statistics on stderr. Consumes engine events;
-never touches model state.
+never touches model state. How it reaches the terminal (cursor, cells, the redrawn region) is
+terminal.py's.
 
 Three sinks share one interface (``step(ev)``, ``finish(result)``, a context manager):
 - ``PlainStream``: text only (stdout redirected, ``--no-live --no-color``).
@@ -24,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from specrun.cli import terminal
 from specrun.cli.console import console
 from specrun.decoding.engine import Result, Step
 
@@ -36,15 +38,6 @@ if TYPE_CHECKING:
 DRAFT_STYLE = "green"  # tokens that came from an accepted draft
 TARGET_STYLE = "yellow"  # tokens the target produced itself (corrections and bonus tokens)
 WINDOW = 64  # the footer's "recent" acceptance: SpecStats keeps the last 64 drafting passes
-
-_HIDE_CURSOR = "\x1b[?25l"
-_SHOW_CURSOR = "\x1b[?25h"
-# Synchronized output (DEC mode 2026): the terminal shows an erase-and-redraw as one frame.
-# Terminals without it ignore the private mode.
-_SYNC_BEGIN = "\x1b[?2026h"
-_SYNC_END = "\x1b[?2026l"
-# Control characters a model may emit that would move the cursor or restyle the terminal.
-_CTRL = {c: None for c in range(32) if c not in (9, 10)} | {0x7F: None, 0x1B: "\u241b"}
 
 
 class PlainStream:
@@ -396,11 +389,12 @@ class LiveDisplay:
             probe = st.render("\0", color_system=cs) if cs is not None else "\0"
             pre, _, post = probe.partition("\0")
             self._sgr[flag] = (pre, post)
+        self.region = terminal.Region(self.err)  # the unfinished line and the footer
+        self._echo = terminal.EchoMute()
         self._line: list[tuple[str, bool]] = []  # the unfinished last line: not yet on stdout
         self._line_cells = 0
         self._ends_with_newline = True
         self._any_text = False
-        self._height = 0  # rows of the region drawn on stderr
         self._footer_lines: list[str] = []
         self._last_draw = -1e9
         self._last_footer = -1e9
@@ -410,7 +404,6 @@ class LiveDisplay:
         self._closed = False
         self._started = False
         self._mute_input = mute_input and footer
-        self._saved_tty: tuple[int, list[Any]] | None = None
 
     # -- public interface -----------------------------------------------------------------
     def __enter__(self) -> LiveDisplay:
@@ -425,8 +418,9 @@ class LiveDisplay:
         if not self._started:
             self._started = True
             if self.footer:
-                self._write_err(_HIDE_CURSOR)
-                self._mute_echo()
+                self.region.cursor(visible=False)
+                if self._mute_input:
+                    self._echo.mute()
         self._stats = ev.stats
         if ev.tokens:
             self._drafter, self._k = ev.drafter, ev.k
@@ -435,7 +429,7 @@ class LiveDisplay:
             self._add_text(runs)
         if self.footer:
             now = self._clock()
-            if self._height == 0 or now - self._last_draw >= self._text_interval:
+            if self.region.height == 0 or now - self._last_draw >= self._text_interval:
                 self._redraw(now)
 
     def finish(self, result: Result) -> None:
@@ -453,9 +447,8 @@ class LiveDisplay:
         if self._closed:
             return
         self._closed = True
-        if self.footer and self._height:
-            self._write_err(self._erase())
-            self._height = 0
+        if self.footer:
+            self.region.clear()
         if self._line:
             self._write_out(self._line)
             self._line, self._line_cells = [], 0
@@ -466,13 +459,11 @@ class LiveDisplay:
         except (BrokenPipeError, OSError, ValueError):
             pass
         if self.footer and self._started:
-            self._write_err(_SHOW_CURSOR)
-        self._restore_echo()
+            self.region.cursor(visible=True)
+        self._echo.restore()
 
     # -- text -----------------------------------------------------------------------------
     def _add_text(self, runs: list[tuple[str, bool]]) -> None:
-        from rich.cells import cell_len
-
         if not self.text_on_terminal:
             text = "".join(t for t, _ in runs)
             self.out.write(text)
@@ -481,7 +472,7 @@ class LiveDisplay:
             self._ends_with_newline = text.endswith("\n")
             return
         for text, flag in runs:
-            text = text.translate(_CTRL)
+            text = text.translate(terminal.CONTROL)
             if not text:
                 continue
             self._any_text = True
@@ -492,7 +483,7 @@ class LiveDisplay:
                     part = self._expand_tabs(part)
                 if part:
                     self._line.append((part, flag))
-                    self._line_cells += cell_len(part)
+                    self._line_cells += terminal.cells(part)
                 if j < len(lines) - 1:  # a finished line: straight to stdout
                     self._line.append(("\n", flag))
                     self._commit(len(self._line), 0)
@@ -502,68 +493,33 @@ class LiveDisplay:
             self._commit(len(self._line), 0)  # no region to hold the line in
 
     def _expand_tabs(self, part: str) -> str:
-        """Tabs become spaces (the region's arithmetic counts cells); stops every 8 columns of
-        the row, as a terminal sets them."""
-        from rich.cells import cell_len
-
+        """Tabs become spaces (the region's arithmetic counts cells)."""
         if self._line_cells > self._cols():
             self._commit_full_rows()
         width = self._cols()
-        col = self._line_cells % width
-        out = []
-        for ch in part:
-            if ch == "\t":
-                if col >= width:
-                    col = 0
-                n = min(8 - col % 8, width - col)  # a tab stops at the margin, as a terminal's
-                out.append(" " * n)
-            else:
-                n = cell_len(ch)
-                if col + n > width:
-                    col = 0
-                out.append(ch)
-            col += n
-        return "".join(out)
+        return terminal.expand_tabs(part, self._line_cells % width, width)
 
     def _commit_full_rows(self) -> None:
         """Move every row but the last of the unfinished line to stdout, wrapping as a terminal
-        does (a wide character that does not fit goes to the next row), so the line left in the
-        region fits one row and stdout gets exactly the text, no added newlines."""
-        from rich.cells import cell_len
-
-        width = self._cols()
-        col = 0
-        start = None  # (run index, char index) where the last row starts
-        for ri, (text, _) in enumerate(self._line):
-            for ci, ch in enumerate(text):
-                w = cell_len(ch)
-                if w == 0:
-                    continue
-                if col + w > width:
-                    start = (ri, ci)
-                    col = 0
-                col += w
-        if start is None:
-            return
-        ri, ci = start
-        self._commit(ri, ci)
+        does, so the line left in the region fits one row and stdout gets exactly the text, no
+        added newlines."""
+        start = terminal.last_row_start(self._line, self._cols())
+        if start is not None:
+            self._commit(*start)
 
     def _commit(self, ri: int, ci: int) -> None:
         """Write ``_line`` up to (run ri, char ci) to stdout; keep the rest."""
-        from rich.cells import cell_len
-
         head = self._line[:ri]
         rest = self._line[ri:]
         if ci and rest:
             text, flag = rest[0]
             head.append((text[:ci], flag))
             rest = [(text[ci:], flag), *rest[1:]]
-        if self.footer and self._height:
-            self._write_err(_SYNC_BEGIN + self._erase())  # step() redraws and ends the frame
-            self._height = 0
+        if self.footer:
+            self.region.clear(open_frame=True)  # step() redraws and ends the frame
         self._write_out(head)
         self._line = rest
-        self._line_cells = sum(cell_len(t) for t, _ in rest)
+        self._line_cells = sum(terminal.cells(t) for t, _ in rest)
         # The region is now erased; step() redraws it before returning (height 0 forces it).
 
     def _ansi(self, runs: list[tuple[str, bool]]) -> str:
@@ -585,11 +541,6 @@ class LiveDisplay:
     def _cols(self) -> int:
         return max(self._width or self.console.width, 10)
 
-    def _erase(self) -> str:
-        if not self._height:
-            return ""
-        return "\r\x1b[2K" + "\x1b[1A\x1b[2K" * (self._height - 1)
-
     def _redraw(self, now: float) -> None:
         if self._line_cells > self._cols():
             self._commit_full_rows()  # the terminal got narrower
@@ -599,8 +550,7 @@ class LiveDisplay:
             self._footer_lines = self._render_lines()
             self._last_footer = now
         lines = ([self._ansi(self._line)] if self.text_on_terminal else []) + self._footer_lines
-        self._write_err(_SYNC_BEGIN + self._erase() + "\n".join(lines) + _SYNC_END)
-        self._height = len(lines)
+        self.region.draw(lines)
         self._last_draw = now
 
     def _render_lines(self) -> list[str]:
@@ -616,40 +566,3 @@ class LiveDisplay:
         with self.console.capture() as cap:
             self.console.print(footer, width=self._cols(), crop=True, no_wrap=True, overflow="crop")
         return cap.get().rstrip("\n").split("\n")
-
-    def _mute_echo(self) -> None:
-        """While the region is drawn, keystrokes must not echo into it (a typed key or the "^C"
-        of Ctrl-C would shift its rows and the next erase would miss). Typed text stays queued
-        for whatever reads the terminal next (chat's prompt)."""
-        if not self._mute_input:
-            return
-        try:
-            import termios
-
-            fd = sys.stdin.fileno()
-            if not os.isatty(fd):
-                return
-            old = termios.tcgetattr(fd)
-            new = list(old)
-            new[3] &= ~(termios.ECHO | getattr(termios, "ECHOCTL", 0))
-            termios.tcsetattr(fd, termios.TCSANOW, new)
-            self._saved_tty = (fd, old)
-        except Exception:  # termios.error, no termios, a closed stdin: echo stays as it was
-            pass
-
-    def _restore_echo(self) -> None:
-        if self._saved_tty is None:
-            return
-        fd, old = self._saved_tty
-        self._saved_tty = None
-        try:
-            import termios
-
-            termios.tcsetattr(fd, termios.TCSANOW, old)
-        except Exception:
-            pass
-
-    def _write_err(self, s: str) -> None:
-        if s:
-            self.err.write(s)
-            self.err.flush()
