@@ -158,6 +158,9 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await _generate(state, request, "completion")
 
+    from specrun.server import native  # llama-server's own routes: /completion, /infill, ...
+
+    native.mount(app, state)
     return app
 
 
@@ -234,6 +237,12 @@ def _endpoint(path: str) -> str:
         "/health",
         "/v1/health",
         "/metrics",
+        "/completion",
+        "/infill",
+        "/tokenize",
+        "/detokenize",
+        "/props",
+        "/apply-template",
     )
     return path if path in known else "other"
 
