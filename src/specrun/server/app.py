@@ -160,7 +160,7 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
 
     from specrun.server import native  # llama-server's own routes: /completion, /infill, ...
 
-    native.mount(app, state)
+    native.mount(app, state, _read_body)
     return app
 
 

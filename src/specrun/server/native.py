@@ -20,7 +20,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +30,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from specrun.decoding.engine import MAX_DRAFT, MODES
 from specrun.errors import SpecrunError
 from specrun.server import responses as R
-from specrun.server.app import ServerState, _read_body
 from specrun.server.errors import APIError, bad, error_body
 from specrun.server.requests import GenRequest, check_spec, parse_json, parse_messages
 from specrun.server.worker import Job, QueueFull
@@ -284,7 +283,7 @@ def _check_fields(body: dict[str, Any], route: str) -> None:
             )
 
 
-def parse_native(body: dict[str, Any], route: str, state: ServerState, engine: Any) -> Native:
+def parse_native(body: dict[str, Any], route: str, state: Any, engine: Any) -> Native:
     _check_fields(body, route)
     d = state.defaults
     n_ctx = state.n_ctx
@@ -477,7 +476,7 @@ def mixed_tokens(
     return out
 
 
-def _fits(state: ServerState, tokens: list[int], param: str) -> None:
+def _fits(state: Any, tokens: list[int], param: str) -> None:
     if not tokens:
         raise bad(f"{param}: the prompt is empty", param)
     if len(tokens) >= state.n_ctx:
@@ -577,7 +576,7 @@ def _stopping_word(target: Any, gen: _Gen) -> str:
 
 
 def _final(
-    state: ServerState, gen: _Gen, prompt: list[int], stream: bool, truncated: bool
+    state: Any, gen: _Gen, prompt: list[int], stream: bool, truncated: bool
 ) -> dict[str, Any]:
     from specrun.llama.fim import special_piece
 
@@ -617,7 +616,7 @@ def _final(
     return nested(nat.response_fields, obj) if nat.response_fields else obj
 
 
-def _submit(state: ServerState, nat: Native, tokens: list[int]) -> Job:
+def _submit(state: Any, nat: Native, tokens: list[int]) -> Job:
     nat.req.prompt = tokens
     room = state.n_ctx - len(tokens)
     nat.req.max_tokens = room if nat.n_predict < 0 else min(nat.n_predict, room)
@@ -665,7 +664,7 @@ def _apply(gen: _Gen, item: tuple[Any, ...], job: Job) -> str | None:
 
 
 async def run_native(
-    state: ServerState, request: Request, nat: Native, tokens: list[int], truncated: bool = False
+    state: Any, request: Request, nat: Native, tokens: list[int], truncated: bool = False
 ) -> Response:
     job = _submit(state, nat, tokens)
     gen = _Gen(nat, len(tokens))
@@ -690,7 +689,7 @@ async def run_native(
 
 
 async def _stream(
-    state: ServerState, job: Job, gen: _Gen, tokens: list[int], truncated: bool
+    state: Any, job: Job, gen: _Gen, tokens: list[int], truncated: bool
 ) -> AsyncIterator[bytes]:
     """llama-server's stream: ``data: {content, tokens, stop: false, ...}`` per step, then the
     final object (``stop`` true, content empty: it was sent), and no ``[DONE]``."""
@@ -769,7 +768,7 @@ def _infill_inputs(body: dict[str, Any]) -> tuple[Any, Any, list[dict[str, str]]
     return body["input_prefix"], body["input_suffix"], chunks, prompt
 
 
-def _props(state: ServerState, engine: Any) -> dict[str, Any]:
+def _props(state: Any, engine: Any) -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     import specrun
@@ -858,11 +857,12 @@ def _only(body: dict[str, Any], route: str, allowed: set[str]) -> None:
             )
 
 
-def mount(app: FastAPI, state: ServerState) -> None:
-    """Add llama-server's native routes to ``app``."""
+def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitable[bytes]]) -> None:
+    """Add llama-server's native routes to ``app``; ``state`` is app.py's ServerState, ``read_body``
+    its reader of a body within the size limit."""
 
     async def body_of(request: Request) -> dict[str, Any]:
-        return parse_json(await _read_body(request, state.max_body))
+        return parse_json(await read_body(request, state.max_body))
 
     @app.post("/completion")
     async def completion(request: Request) -> Response:
