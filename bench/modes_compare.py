@@ -9,8 +9,9 @@ is priced at the median time this prompt's runs took for a target pass of that m
 for a draft row, all configurations pooled. Greedy decoding makes the tokens, and so each mode's
 passes, the same from run to run; model time then compares the choices a mode made without the
 machine's noise (5-15% between runs here) and without the Python around llama.cpp, which the
-tok/s figures include. ``--prompts bench:CATEGORY`` takes the first turn of the builtin bench
-suite's first prompt of that category.
+tok/s figures include. Prompts by name are specrun.benchmark.harness's (data/workloads.jsonl,
+category ``single``); ``--prompts bench:CATEGORY`` takes the first turn of the builtin bench
+suite's first prompt of that category. The pair loads as the command line loads it (session).
 
 Multi-request workloads: ``--prompts seq:CATEGORY`` runs every prompt of that category of
 ``--suite`` (default: src/specrun/data/workloads.jsonl), every turn (a follow-up answers the
@@ -26,46 +27,28 @@ against), ``auto-ngram`` auto over it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from specrun.benchmark.suite import load_suite
-from specrun.chat_template import encode_chat, resolve_template
-from specrun.decoding.engine import Engine, SpecConfig
-from specrun.decoding.priors import PRIORS
-from specrun.llama.model import LoadOptions, Model
-from specrun.models.registry import Registry
+from specrun.benchmark.harness import (
+    P_MIN,
+    PROMPTS,
+    WORKLOADS,
+    converse,
+    load_pair,
+    make_engine,
+    prompt_text,
+    sequence,
+)
+from specrun.chat_template import encode_chat
+from specrun.decoding.engine import Engine
+from specrun.llama.model import Model
 from specrun.session import calibrate_auto
 
-HERE = Path(__file__).resolve().parent
-CODE = (HERE.parent / "src" / "specrun" / "decoding" / "textstream.py").read_text()[:1400]
-PASSAGE = (
-    "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
-    "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
-    "Queensland, Australia. It can be seen from outer space and is the world's biggest single "
-    "structure made by living organisms. The reef is built by billions of tiny organisms known "
-    "as coral polyps. It supports a wide diversity of life and was selected as a World Heritage "
-    "Site in 1981. Climate change, pollution and crown-of-thorns starfish are its main threats; "
-    "mass coral bleaching events occurred in 1998, 2002, 2016, 2017 and 2020."
-)
-PROMPTS = {
-    "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-    "sorted list in linear time. Include a docstring and a few doctest examples.",
-    "code2": "Write a Python class `Stack` with push, pop, peek and is_empty methods, with docstrings.",
-    "code-edit": "Rename the method `feed` to `push` everywhere in this code and print the whole "
-    "updated file:\n\n" + CODE,
-    "summarize": "Summarize this text in three sentences:\n\n" + PASSAGE,
-    "qa": PASSAGE + "\n\nQuestion: When was the reef selected as a World Heritage Site, and what "
-    "are its main threats? Answer using the text.",
-    "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-}
 CONFIGS = [("none", None), ("draft", 4), ("lookup", 4), ("hybrid", 4), ("auto", 4)]
-P_MIN = 0.6  # the command line's default --draft-p-min
 
 
 class DecodeLog:
@@ -134,26 +117,6 @@ class SeqResult:
                 self.modes_used[k] += v
 
 
-def converse(conversations: Iterable[Sequence[str]], turn: Callable[[list], str]) -> None:
-    """Every turn of every conversation through ``turn(messages) -> reply``, a follow-up
-    carrying the replies before it (a sequence of requests: ``seq:CATEGORY``)."""
-    for turns in conversations:
-        history: list[dict[str, str]] = []
-        for user in turns:
-            history.append({"role": "user", "content": user})
-            history.append({"role": "assistant", "content": turn(history)})
-
-
-def sequence(suite: str, key: str, limit: int = 0) -> list:
-    """The prompts of ``seq:CATEGORY`` in ``suite``, the first ``limit`` of them (0: all)."""
-    _, prompts = load_suite(suite)
-    seq = [p for p in prompts if p.category == key[len("seq:") :]]
-    seq = seq[:limit] if limit else seq
-    if not seq:
-        raise SystemExit(f"no prompts of category {key[len('seq:') :]!r} in {suite}")
-    return seq
-
-
 def run_sequence(
     log: DecodeLog, engine: Engine, target: Model, prompts: list, n: int
 ) -> tuple[SeqResult, list]:
@@ -168,32 +131,6 @@ def run_sequence(
 
     converse((p.turns for p in prompts), turn)
     return SeqResult(results), calls
-
-
-def make_engine(target: Model, draft: Model, mode: str, k: int | None, p_min: float) -> Engine:
-    """``mode`` as --configs names it; ``auto@FIELD=VALUE[;FIELD=VALUE]`` runs auto with those
-    AutoPriors fields changed (a tuning experiment against plain ``auto`` in the same run)."""
-    mode, _, tweaks = mode.partition("@")
-    kind = "ngram" if mode.endswith("ngram") else "suffix"
-    m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)
-    eng = Engine(
-        target,
-        None if m in ("none", "lookup") else draft,
-        SpecConfig(
-            mode=m,
-            draft_max=k or 4,
-            draft_p_min=p_min,
-            lookup_kind=kind,
-            lookup_min=1 if mode == "ngram" else None,
-        ),
-    )
-    if tweaks:
-        changes = {
-            f: type(getattr(PRIORS, f))(v)
-            for f, _, v in (t.partition("=") for t in tweaks.split(";"))
-        }
-        eng.policy.priors = dataclasses.replace(PRIORS, **changes)  # type: ignore[attr-defined]
-    return eng
 
 
 class _SeqStats:
@@ -230,18 +167,6 @@ def model_seconds(
     return sum(target_s[n] if tag == "target" else draft_row_s * n for tag, n, _ in calls)
 
 
-def prompt_text(key: str) -> str:
-    if key.startswith("bench:"):
-        _, prompts = load_suite("builtin")
-        found = [p for p in prompts if p.category == key[len("bench:") :]]
-        if not found:
-            raise SystemExit(f"no builtin bench prompt of category {key[len('bench:') :]!r}")
-        return found[0].turns[0]
-    if key not in PROMPTS:
-        raise SystemExit(f"unknown prompt {key!r}: one of {', '.join(PROMPTS)} or bench:CATEGORY")
-    return PROMPTS[key]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -258,7 +183,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--suite",
-        default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
+        default=WORKLOADS,
         help="the suite seq:CATEGORY reads",
     )
     ap.add_argument(
@@ -283,14 +208,7 @@ def main() -> None:
         ]
         if CONFIGS[0][0] != "none":
             ap.error("--configs must start with none (the baseline)")
-    reg = Registry.load()
-    pair = reg.pair(a.pair)
-    target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=a.threads))
-    if a.chat_template:
-        target.use_chat_template(resolve_template(a.chat_template, None))
-    draft = Model(
-        reg.ensure(pair.draft), LoadOptions(n_ctx=4096, n_threads=a.threads, amx_rows=True)
-    )
+    loaded, target, draft = load_pair(a.pair, threads=a.threads, chat_template=a.chat_template)
     engines = {(m, k): make_engine(target, draft, m, k, a.p_min) for m, k in CONFIGS}
     for e in engines.values():
         if e.mode == "auto":  # as the command line starts it: from the measured pass costs
@@ -413,6 +331,7 @@ def main() -> None:
         print(f"| {key} | " + " | ".join(cells) + " |")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    loaded.close()
 
 
 if __name__ == "__main__":

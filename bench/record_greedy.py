@@ -8,26 +8,20 @@ Each request also keeps ``top_p``: the target's top probability at each output p
 distribution its token was the argmax of), for replays that ask how sure the target was.
 (``bench:CATEGORY``: every prompt of that builtin category, first turn, each its own request;
 ``seq:CATEGORY``: every prompt of that category of data/workloads.jsonl, every turn, in order;
-a name from bench/modes_compare.py's PROMPTS, e.g. ``story``: that prompt, one request.)
+a prompt by name from specrun.benchmark.harness's set, e.g. ``story``: that prompt, one request.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from specrun.benchmark.harness import PROMPTS, WORKLOADS, load_pair
 from specrun.benchmark.suite import load_suite
 from specrun.chat_template import encode_chat
 from specrun.decoding import sampling as S
 from specrun.decoding.engine import Engine, Result, SpecConfig, Step
-from specrun.llama.model import LoadOptions, Model
-from specrun.models.registry import Registry
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from modes_compare import PROMPTS  # noqa: E402
 
 
 def record(engine: Engine, toks: list[int], n: int) -> tuple[list[int], list[float], str]:
@@ -54,11 +48,7 @@ def main() -> None:
         help="a built-in format's name or Jinja, for a target without a template (as specrun's flag)",
     )
     a = ap.parse_args()
-    reg = Registry.load()
-    pair = reg.pair(a.pair)
-    target = Model(reg.ensure(pair.target), LoadOptions(n_ctx=4096, n_threads=2))
-    if a.chat_template:
-        target.use_chat_template(a.chat_template)
+    loaded, target, _ = load_pair(a.pair, threads=2, chat_template=a.chat_template, draft=False)
     engine = Engine(target, None, SpecConfig(mode="none"))
     out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
     for key in a.workloads:
@@ -70,9 +60,7 @@ def main() -> None:
             Path(a.out).write_text(json.dumps(out))
             continue
         kind, _, cat = key.partition(":")
-        suite = (
-            "builtin" if kind == "bench" else str(HERE.parent / "src/specrun/data/workloads.jsonl")
-        )
+        suite = "builtin" if kind == "bench" else WORKLOADS
         prompts = [p for p in load_suite(suite)[1] if p.category == cat]
         if a.limit:
             prompts = prompts[: a.limit]
@@ -88,6 +76,7 @@ def main() -> None:
                 print(key, p.question_id, len(toks), len(got), flush=True)
         out[key] = reqs
         Path(a.out).write_text(json.dumps(out))
+    loaded.close()
 
 
 if __name__ == "__main__":

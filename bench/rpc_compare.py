@@ -35,17 +35,9 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-PROMPTS = {
-    "qa": "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
-    "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
-    "Queensland, Australia. It was selected as a World Heritage Site in 1981. Climate "
-    "change, pollution and crown-of-thorns starfish are its main threats.\n\nQuestion: "
-    "When was the reef selected as a World Heritage Site, and what are its main threats? "
-    "Answer using the text.",
-    "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-    "sorted list in linear time. Include a docstring and a few doctest examples.",
-}
+# The named prompts of specrun.benchmark.harness's set that this measures (the qa passage is the
+# set's; before the one set it was a shorter one).
+PROMPT_NAMES = ("qa", "code")
 NETEM = ["sh", "-c", "ip link set lo up && tc qdisc add dev lo root netem delay 1ms"]
 
 
@@ -188,33 +180,29 @@ def run_setup(
     repeats: int,
     threads: int,
 ) -> dict[str, dict[str, list]]:
+    from specrun import defaults
+    from specrun.benchmark.harness import P_MIN, PROMPTS, load_pair
     from specrun.chat_template import encode_chat
     from specrun.decoding.engine import Engine, SpecConfig
     from specrun.decoding.sampling import SamplingParams
-    from specrun.llama.model import Model
-    from specrun.models.registry import Registry
-    from specrun.session import ModelOptions, calibrate_auto
+    from specrun.session import calibrate_auto
 
-    reg = Registry.load()
-    p = reg.pair(pair)
-    opts = ModelOptions(pair=pair, rpc=rpc, threads=threads)
-    opts.validate()
-    target = Model(reg.ensure(p.target), opts.load_options(False))
-    draft = Model(reg.ensure(p.draft), opts.load_options(True))
+    # The context the command line gives (defaults.CTX), the target's layers on the workers.
+    loaded, target, draft = load_pair(pair, threads=threads, ctx=defaults.CTX, rpc=rpc)
     try:
         engines = {}
         for mode, k in configs:
             eng = Engine(
                 target,
                 draft if mode != "none" else None,
-                SpecConfig(mode=mode, draft_max=k or 4, draft_p_min=opts.draft_p_min),
+                SpecConfig(mode=mode, draft_max=k or 4, draft_p_min=P_MIN),
             )
             if mode == "auto":
                 calibrate_auto(eng)
             engines[f"{mode}:{k}" if k else mode] = eng
         prompts = {
             key: encode_chat(target, [{"role": "user", "content": text}])
-            for key, text in PROMPTS.items()
+            for key, text in ((name, PROMPTS[name]) for name in PROMPT_NAMES)
         }
         out: dict[str, dict[str, list]] = {key: {name: [] for name in engines} for key in prompts}
         for eng in (
@@ -237,8 +225,7 @@ def run_setup(
                     )
         return out
     finally:
-        draft.close()
-        target.close()
+        loaded.close()
 
 
 def main() -> None:
@@ -298,7 +285,7 @@ def main() -> None:
             if workers:
                 workers.close()
     base = (
-        {key: results["this machine"][key]["none"][0][1] for key in PROMPTS}
+        {key: results["this machine"][key]["none"][0][1] for key in PROMPT_NAMES}
         if "this machine" in results
         else None
     )

@@ -40,32 +40,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-PASSAGE = (
-    "The Great Barrier Reef is the world's largest coral reef system, made of over 2,900 "
-    "individual reefs and 900 islands stretching over 2,300 kilometres off the coast of "
-    "Queensland, Australia. It can be seen from outer space and is the world's biggest single "
-    "structure made by living organisms. The reef is built by billions of tiny organisms known "
-    "as coral polyps. It supports a wide diversity of life and was selected as a World Heritage "
-    "Site in 1981. Climate change, pollution and crown-of-thorns starfish are its main threats; "
-    "mass coral bleaching events occurred in 1998, 2002, 2016, 2017 and 2020."
-)
-# The prompts of bench/modes_compare.py and bench/server_compare.py (docs/performance.md's tables).
-PROMPTS = {
-    "code": "Write a Python function `merge_sorted(a, b)` that merges two sorted lists into one "
-    "sorted list in linear time. Include a docstring and a few doctest examples.",
-    "code2": "Write a Python class `Stack` with push, pop, peek and is_empty methods, with docstrings.",
-    "summarize": "Summarize this text in three sentences:\n\n" + PASSAGE,
-    "qa": PASSAGE + "\n\nQuestion: When was the reef selected as a World Heritage Site, and what "
-    "are its main threats? Answer using the text.",
-    "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-}
+# ``builtin``: these named prompts of specrun.benchmark.harness's set (docs/performance.md's
+# tables; all but code-edit, whose long prompt these runs never had).
+BUILTIN = ("code", "code2", "summarize", "qa", "story")
 
 
 def load_suite(spec: str) -> dict[str, str]:
-    """``builtin``, a comma list of builtin names, or a Spec-Bench JSON-lines file (first turn)."""
+    """``builtin``, a comma list of prompt names, or a Spec-Bench JSON-lines file (first turn)."""
+    from specrun.benchmark.harness import PROMPTS
+
     if spec == "builtin":
-        return dict(PROMPTS)
+        return {n: PROMPTS[n] for n in BUILTIN}
     path = Path(spec)
     if path.suffix == ".jsonl" and path.is_file():
         out = {}

@@ -51,10 +51,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from modes_compare import P_MIN, PROMPTS, converse, make_engine, prompt_text, sequence  # noqa: E402
+from specrun.benchmark.harness import (
+    P_MIN,
+    PROMPTS,
+    WORKLOADS,
+    converse,
+    load_pair,
+    make_engine,
+    prompt_text,
+    sequence,
+)
 
 
 def free_port() -> int:
@@ -202,7 +208,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--suite",
-        default=str(HERE.parent / "src" / "specrun" / "data" / "workloads.jsonl"),
+        default=WORKLOADS,
         help="the suite seq:CATEGORY reads",
     )
     ap.add_argument("--limit", type=int, default=0, help="seq: only the first N of the category")
@@ -221,32 +227,21 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from specrun.chat_template import encode_chat, resolve_template
+    from specrun.chat_template import encode_chat
     from specrun.decoding.engine import Result, Step
     from specrun.decoding.sampling import SamplingParams
     from specrun.llama.backend import physical_cores
-    from specrun.llama.model import LoadOptions, Model
-    from specrun.models.registry import Registry
     from specrun.session import calibrate_auto
 
     threads = args.threads or physical_cores()
-    reg = Registry.load()
-    pair = reg.pair(args.pair)
-    tpath, dpath = reg.ensure(pair.target), reg.ensure(pair.draft)
     prompts = [p for p in args.prompts.split(",") if p]
     jobs = jobs_for(prompts, args.suite, args.limit)
     results: dict[str, dict[str, list[float]]] = {}
 
-    template = resolve_template(args.chat_template, None)
-    lo = LoadOptions(n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65)
-    target = Model(tpath, lo)
-    target.use_chat_template(template)
-    draft = Model(
-        dpath,
-        LoadOptions(
-            n_ctx=args.ctx, n_threads=threads, n_batch=512, n_outputs_max=65, amx_rows=True
-        ),
+    loaded, target, draft = load_pair(
+        args.pair, threads=threads, ctx=args.ctx, chat_template=args.chat_template, batch=512
     )
+    tpath, dpath = loaded.plan.target.path, loaded.plan.draft.path
     engines = {}
     for cfg in args.specrun.split(","):
         mode, _, k = cfg.partition(":")
@@ -307,8 +302,7 @@ def main() -> int:
             for cfg in args.server.split(","):
                 if cfg:
                     record(f"llama-server {cfg}", key, server_job(cfg, job))
-    target.close()
-    draft.close()
+    loaded.close()
 
     med = {lab: {p: statistics.median(v) for p, v in by.items()} for lab, by in results.items()}
     cpu = next(

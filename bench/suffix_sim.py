@@ -8,7 +8,7 @@ a line 1 + slope * (n - 1) (the model-time figures of bench/modes_compare.py pri
 Reports, per workload and drafter: speed-up over plain decoding, tokens per pass, acceptance.
 ``auto`` is AutoPolicy over the drafter alone (no draft model), fed the replayed costs.
 ``llama-ngram-cache`` and ``llama-ngram-mod`` are llama-server's own n-gram drafters, ported
-(bench/llama_ngram.py). ``suffix-tree`` is the suffix drafter verifying two candidate sequences
+(specrun/benchmark/llama_ngram.py). ``suffix-tree`` is the suffix drafter verifying two candidate sequences
 in one pass (a tree with two branches at the root): its best path and the best path that starts
 with another token (the matched context's second most frequent follower, or the other
 automaton's path), both priced as one pass of 1 + both lengths rows; the branch the target
@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from specrun import defaults
+from specrun.benchmark.llama_ngram import LlamaNgramCache, LlamaNgramMod
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.drafters import EMPTY, Proposal
 from specrun.decoding.lookup import PromptLookup
@@ -51,11 +52,6 @@ from specrun.decoding.policy import FixedPolicy, Policy, StepReport
 from specrun.decoding.priors import PRIORS
 from specrun.decoding.sampling import SamplingParams
 from specrun.decoding.suffix import SEP, SuffixAutomaton, SuffixLookup
-
-try:
-    from llama_ngram import LlamaNgramCache, LlamaNgramMod
-except ImportError:  # run from elsewhere than bench/
-    from bench.llama_ngram import LlamaNgramCache, LlamaNgramMod
 
 GREEDY = SamplingParams()
 

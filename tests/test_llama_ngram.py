@@ -1,4 +1,4 @@
-"""bench/llama_ngram.py: the ports of llama-server's n-gram drafters behave as the C++ does
+"""specrun/benchmark/llama_ngram.py: the ports of llama-server's n-gram drafters behave as the C++ does
 (common/ngram-cache.cpp, common/ngram-mod.cpp of the vendored llama.cpp), quirks included,
 and bench/suffix_sim.py replays them."""
 
@@ -16,11 +16,21 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 @pytest.fixture()
-def ngram(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import llama_ngram
+def ngram():
+    from specrun.benchmark import llama_ngram
 
     return llama_ngram
+
+
+def _suffix_sim():
+    """bench/suffix_sim.py as a module, loaded from its file (no sys.path entry)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("suffix_sim", BENCH / "suffix_sim.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _propose(d, tokens, k=16):
@@ -138,9 +148,8 @@ def test_suffix_sim_auto_takes_prior_changes(tmp_path):
     assert sim("suffix@margin=1").returncode != 0
 
 
-def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import suffix_sim
+def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails():
+    suffix_sim = _suffix_sim()
 
     from specrun.decoding.suffix import SuffixLookup
 
@@ -165,9 +174,8 @@ def test_suffix_sim_tree_tries_the_second_follower_when_the_first_fails(monkeypa
     assert two["trees"] >= 1 and two["second_won"] == 1
 
 
-def test_suffix_sim_ceilings_choose_k_knowing_the_target(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import suffix_sim
+def test_suffix_sim_ceilings_choose_k_knowing_the_target():
+    suffix_sim = _suffix_sim()
 
     line = suffix_sim.verify_cost({}, 0.1)
     # the target takes 3 of the 5 proposed: K = 3 (4 tokens for V(4)); rows past them only cost

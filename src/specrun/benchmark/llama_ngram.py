@@ -1,4 +1,5 @@
-"""llama.cpp's own n-gram drafters, ported line for line for bench/suffix_sim.py's replays.
+"""llama.cpp's own n-gram drafters, ported line for line for bench/suffix_sim.py's replays (kept
+here, in the package, so that the script imports it as any module).
 
 What llama-server runs for ``--spec-type ngram-cache`` and ``--spec-type ngram-mod`` (the
 llama.cpp that llama-cpp-python 0.3.36 vendors: common/ngram-cache.cpp, common/ngram-mod.cpp,
