@@ -96,9 +96,10 @@ def two_sample_chi2(
 
 
 def first_two(
-    engine: Engine, prompt: list[int], seeds: range
+    engine: Engine, prompt: list[int], seeds: range, grammar: Callable[[], object] | None = None
 ) -> tuple[list[tuple[int, ...]], list]:
-    """The first two tokens of one completion per seed; the prompt stays in the cache."""
+    """The first two tokens of one completion per seed; the prompt stays in the cache.
+    ``grammar``: a fresh constraint per completion."""
     engine.reset()  # the fixtures' models are shared with other engines and modules
     pairs, stats = [], []
     for seed in seeds:
@@ -110,6 +111,7 @@ def first_two(
             params=replace(WIDE, seed=seed),
             reuse_cache=True,
             first_token_first=False,
+            constraint=grammar() if grammar is not None else None,  # type: ignore[arg-type]
         )
         pairs.append(tuple(r.tokens))  # shorter than 2 only after an end-of-generation token
         stats.append(r.stats)
@@ -202,6 +204,42 @@ def test_the_test_rejects_the_draft_model_alone(smol_draft, prompt, baseline):
     got, _ = first_two(alone, prompt, SPEC_SEEDS)
     for what, (stat, df, p) in compare("draft model alone", got, baseline).items():
         assert p < ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e} -- the test has no power"
+
+
+# -- under a grammar -----------------------------------------------------------------------------
+# The answer must start with a capital from D to Z: "A", "An", "Cat", "Bear"... are masked out of
+# the target's distribution, so the constrained p differs from the free one, and the Q4_0 draft
+# (which knows nothing of the grammar) proposes forbidden tokens often: the rule must reject them.
+ANIMAL_GBNF = r"""root ::= [D-Z] [a-z]* (" " [a-zA-Z]+)* "."?"""
+
+
+def test_constrained_rejection_sampling_matches_the_constrained_target(
+    smol_target, smol_draft, prompt, baseline
+):
+    from specrun.llama.grammar import Grammar
+
+    def grammar() -> Grammar:
+        return Grammar.compile(smol_target, ANIMAL_GBNF)
+
+    alone = Engine(smol_target, None, SpecConfig(mode="none"))
+    want, _ = first_two(alone, prompt, BASE_SEEDS, grammar)
+    spec = Engine(
+        smol_target,
+        smol_draft,
+        SpecConfig(mode="draft", draft_max=4, verify="rejection", draft_p_min=0.0),
+    )
+    got, stats = first_two(spec, prompt, SPEC_SEEDS, grammar)
+    first = {smol_target.piece(t[0]).decode(errors="replace")[:1] for t in got + want}
+    assert first and all("D" <= c <= "Z" for c in first), first
+    for what, (stat, df, p) in compare("constrained draft+rejection", got, want).items():
+        assert df >= 5 and p > ALPHA, f"{what}: chi2={stat:.1f} df={df} p={p:.2e}"
+    # The constraint bites: the free target's first tokens are another distribution.
+    free = compare("free target vs constrained", baseline, want)["first"]
+    assert free[2] < ALPHA
+    # Drafts were verified and both branches ran: some accepted, many rejected.
+    assert all(s.drafted == 1 for s in stats)
+    accepted = sum(s.accepted for s in stats)
+    assert 50 < accepted < N_RUNS - 50, accepted
 
 
 # -- reproducibility and the greedy path --------------------------------------------------------

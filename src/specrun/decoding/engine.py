@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from specrun import defaults
+from specrun.decoding import constraint as C
 from specrun.decoding import sampling as S
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
@@ -125,6 +126,7 @@ class Engine(Generic[M]):
 
     def __init__(self, target: M, draft: Target | None = None, config: SpecConfig | None = None):
         self.target = target
+        self._probes: dict[str, int] | None = None  # single-character tokens (constraint.py)
         self.config = config or SpecConfig()
         self.config.validate()
         self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
@@ -276,11 +278,13 @@ class Engine(Generic[M]):
         stop: Sequence[str] = (),
         reuse_cache: bool = True,
         first_token_first: bool = True,
+        constraint: C.Constraint | None = None,
     ) -> Iterator[Step | Result]:
         """Yield one ``Step`` per target pass, then the ``Result``. ``first_token_first``: the
         first pass is plain and the draft model reads the prompt after its Step (below); False:
         before the first pass, which may then be drafted (a test of the first position's
-        distribution)."""
+        distribution). ``constraint``: a grammar's state at the start of the output; every row
+        the target scores is masked by it (constraint.py), and it advances by what is kept."""
         params = params or S.SamplingParams()
         self.check_prompt(prompt)
         if max_tokens < 0:
@@ -330,13 +334,16 @@ class Engine(Generic[M]):
                 name, prop = "none", EMPTY
                 t_step = time.perf_counter()
                 declined = None
-                if k > 0:
+                if k > 0 and constraint is not None and self.mode != "none":
+                    prop = self._forced(constraint, k)
+                    name = "forced" if prop.tokens else "none"
+                if k > 0 and not prop.tokens:
                     name, prop = policy.draft(run.tokens, k, params, rng, greedy or match)
                     if len(prop) < max(draft_min, 1):
                         declined = name if name != "none" else None
                         name, prop = "none", EMPTY
                 t_verify = time.perf_counter()
-                n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match)
+                n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match, constraint)
                 k_used = len(prop)
                 verify_s = time.perf_counter() - t_verify
                 st.record_timing(
@@ -370,6 +377,8 @@ class Engine(Generic[M]):
                         run.finish = "eos"
                         break
                     run.tokens.append(tok)
+                    if constraint is not None:
+                        constraint.accept(tok)
                     out_tokens.append(tok)
                     flags.append(i < n_acc)
                     text_parts.append(run.stream.feed(piece(tok)))
@@ -442,6 +451,16 @@ class Engine(Generic[M]):
         self.policy.prefill(tokens, defer_model)
         return len(todo)
 
+    def _forced(self, constraint: C.Constraint, k: int) -> Proposal:
+        """The tokens of the text the grammar forces from here (at most ``k``): a draft that
+        costs no drafting, verified like any other."""
+        if self._probes is None:
+            self._probes = C.char_probes(self.target)
+        text, _ = C.forced_text(constraint, self._probes, limit=8 * k)
+        if not text:
+            return EMPTY
+        return Proposal(self.target.tokenize(text, False, False)[:k], None)
+
     def _rollback_to(self, valid: int) -> None:
         self.target.truncate(valid)
         self.policy.rollback(valid)
@@ -454,24 +473,54 @@ class Engine(Generic[M]):
         rng: np.random.Generator,
         greedy: bool,
         match: bool,
+        constraint: C.Constraint | None = None,
     ) -> tuple[int, list[int]]:
-        """One target pass over [pending, d1..dK]: (drafts accepted, tokens to commit)."""
+        """One target pass over [pending, d1..dK]: (drafts accepted, tokens to commit). Under a
+        constraint each row is masked by the grammar's state after the drafts before it (a
+        fork, advanced on trial: the caller advances the real state by what it keeps)."""
         target = self.target
         drafts = prop.tokens
-        k = len(drafts)
         base = len(tokens)
         batch = [tokens[-1], *drafts]
         target.decode(batch, base - 1, logits_from=0)
+        if constraint is not None:
+            g = constraint.fork()
+            try:
+                return self._verify_rows(drafts, prop, params, rng, greedy, match, g)
+            finally:
+                g.close()
+        return self._verify_rows(drafts, prop, params, rng, greedy, match, None)
+
+    def _verify_rows(
+        self,
+        drafts: list[int],
+        prop: Proposal,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy: bool,
+        match: bool,
+        g: C.Constraint | None,
+    ) -> tuple[int, list[int]]:
+        target = self.target
+        k = len(drafts)
         new: list[int] = []
         for j in range(k + 1):
             logits = target.logits(j)
+            if g is not None and j > 0:
+                g.accept(drafts[j - 1])  # row j follows d_j, accepted just before
             if greedy:
-                t = S.greedy(logits)
+                t = S.greedy(logits) if g is None else C.argmax(g, logits)
+                if t < 0:
+                    raise SpecrunError("the grammar admits no token here (it cannot be completed)")
                 if j < k and t == drafts[j]:
                     new.append(t)
                     continue
                 new.append(t)
                 return j, new
+            if g is not None:
+                logits = C.mask(g, logits, params)
+                if not np.isfinite(logits).any():
+                    raise SpecrunError("the grammar admits no token here (it cannot be completed)")
             p = S.transform(logits, params)
             if j == k:
                 new.append(p.sample(rng))  # every draft accepted: the bonus token comes from p

@@ -144,6 +144,8 @@ def transform(logits: np.ndarray, params: SamplingParams) -> Dist:
     cand = cand[order]
 
     keep = cand.size
+    if cand[-1] == -np.inf:  # masked by a grammar (constraint.py): never sampled
+        keep = int(np.count_nonzero(cand > -np.inf))
     if params.top_p < 1.0:
         p = np.exp(cand - cand[0])
         p /= p.sum()
