@@ -21,7 +21,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "specrun"
 
-APPLICATION = {"session", "chat", "probe", "benchmark", "chat_template", "machine"}
+APPLICATION = {"session", "chat", "probe", "benchmark", "chat_template", "machine", "tools"}
 BASE = {"errors", "paths", "defaults", "__init__"}
 RANK = {
     "base": 0,

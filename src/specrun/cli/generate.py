@@ -184,6 +184,25 @@ def generate(
             help="Live acceptance footer on stderr (default: when stdout and stderr are terminals).",
         ),
     ] = None,
+    grammar: Annotated[
+        str | None,
+        typer.Option(
+            "--grammar",
+            help="Constrain the output to this GBNF grammar (llama.cpp's); speculation stays exact.",
+        ),
+    ] = None,
+    grammar_file: Annotated[
+        str | None,
+        typer.Option("--grammar-file", help="Constrain the output to the GBNF grammar in FILE."),
+    ] = None,
+    json_schema: Annotated[
+        str | None,
+        typer.Option(
+            "-j",
+            "--json-schema",
+            help="Constrain the output to JSON valid under this schema (JSON text, or a FILE holding it).",
+        ),
+    ] = None,
     color: Annotated[
         bool | None,
         typer.Option(
@@ -220,12 +239,22 @@ def generate(
 
     extra = parse_kwargs(template_kwargs, template=opts.template_source())
     text = read_prompt(text if text is not None else prompt, prompt_file)
+    gbnf = _grammar_text(grammar, grammar_file, json_schema)  # checked before any model loads
     structured = as_json or json_stream
     loaded = load_engine(opts, streams)
     try:
         engine = loaded.engine
         tokens, _ = encode_prompt(engine.target, text, chat, system, extra)
         engine.check_prompt(tokens)
+
+        def constraint() -> Any:  # a fresh grammar state for each completion
+            if gbnf is None:
+                return None
+            from specrun.llama.grammar import Grammar
+
+            return Grammar.compile(engine.target, gbnf[0], param=gbnf[1])
+
+        constraint_of_run = constraint()  # an invalid grammar fails here, before any output
         from contextlib import nullcontext
         from dataclasses import replace
 
@@ -253,8 +282,9 @@ def generate(
                 sys.stdout.write("\n\n")
             result = None
             with sink if sink is not None else nullcontext():  # the footer is erased on Ctrl-C too
+                con = constraint_of_run if i == 0 else constraint()
                 for ev in engine.generate(
-                    tokens, max_tokens=max_tokens, params=p_i, stop=stop or ()
+                    tokens, max_tokens=max_tokens, params=p_i, stop=stop or (), constraint=con
                 ):
                     if isinstance(ev, Result):
                         result = ev
@@ -271,7 +301,7 @@ def generate(
 
         baseline = None
         if compare:
-            baseline = _baseline(engine, tokens, max_tokens, params, stop or ())
+            baseline = _baseline(engine, tokens, max_tokens, params, stop or (), constraint())
             r = results[0]
             speedup = (
                 r.stats.tokens_per_second / baseline.stats.tokens_per_second
@@ -338,10 +368,56 @@ def _result_json(r: Any) -> dict[str, Any]:
     }
 
 
-def _baseline(engine: Any, tokens: list[int], max_tokens: int, params: Any, stop: Any) -> Any:
-    """The target alone on the same prompt, cold cache both: the honest comparison."""
+def _baseline(
+    engine: Any, tokens: list[int], max_tokens: int, params: Any, stop: Any, constraint: Any
+) -> Any:
+    """The target alone on the same prompt (under the same grammar), cold cache both: the
+    honest comparison."""
     from specrun.decoding.engine import Engine, SpecConfig
 
     alone = Engine(engine.target, None, SpecConfig(mode="none"))
     engine.reset()
-    return alone.run(tokens, max_tokens=max_tokens, params=params, stop=stop, reuse_cache=False)
+    return alone.run(
+        tokens,
+        max_tokens=max_tokens,
+        params=params,
+        stop=stop,
+        reuse_cache=False,
+        constraint=constraint,
+    )
+
+
+def _grammar_text(
+    grammar: str | None, grammar_file: str | None, json_schema: str | None
+) -> tuple[str, str] | None:
+    """(GBNF, the option it came from) of --grammar, --grammar-file or --json-schema; one at
+    most. A schema is turned into GBNF here (its unsupported keywords refused by name)."""
+    given = [(n, v) for n, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+             ("--json-schema", json_schema)) if v is not None]  # fmt: skip
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UsageError(f"give one of {' and '.join(n for n, _ in given)}, not several")
+    name, value = given[0]
+    if name == "--grammar-file":
+        value = _read_text(value, name)
+    if name != "--json-schema":
+        return value, name
+    import json
+
+    from specrun.llama.grammar import schema_to_gbnf
+
+    if not value.lstrip().startswith(("{", "true", "false")):
+        value = _read_text(value, name)
+    try:
+        schema = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json-schema: not valid JSON ({exc})") from None
+    return schema_to_gbnf(schema, "--json-schema"), name
+
+
+def _read_text(path: str, flag: str) -> str:
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{flag}: cannot read {path}: {exc}") from None

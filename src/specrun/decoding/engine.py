@@ -459,7 +459,8 @@ class Engine(Generic[M]):
         text, _ = C.forced_text(constraint, self._probes, limit=8 * k)
         if not text:
             return EMPTY
-        return Proposal(self.target.tokenize(text, False, False)[:k], None)
+        # parse_special: a forced "<tool_call>" is the vocabulary's own token where it has one.
+        return Proposal(self.target.tokenize(text, False, True)[:k], None)
 
     def _rollback_to(self, valid: int) -> None:
         self.target.truncate(valid)

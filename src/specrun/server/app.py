@@ -278,9 +278,25 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
                     "server with --chat-template",
                     "messages",
                 )
-            tokens = encode_chat(
-                target, req.messages or [], template_kwargs=state.template_kwargs or None
-            )
+            kwargs = dict(state.template_kwargs or {})
+            st = req.structured
+            if st.tools:
+                from specrun.tools import detect_format
+
+                st.fmt = detect_format(target.chat_template())
+                if st.fmt is None:
+                    raise bad(
+                        f"tools: {state.model_id}'s chat template has no tool support (it "
+                        "renders no tools): send the request without tools, or start the "
+                        "server with a model or --chat-template that has it",
+                        "tools",
+                        "unsupported_parameter",
+                    )
+                if st.calls_tools:
+                    kwargs["tools"] = st.tools
+                if st.forces_call:
+                    st.gbnf, st.gbnf_param = st.call_grammar(st.fmt), "tools"
+            tokens = encode_chat(target, req.messages or [], template_kwargs=kwargs or None)
         elif isinstance(req.prompt, list):
             bad_ids = [t for t in req.prompt if not 0 <= t < target.n_vocab]
             if bad_ids:
@@ -307,12 +323,26 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
     return tokens
 
 
+def _check_grammar(engine: Any, req: GenRequest) -> None:
+    """Compile the request's grammar once against the target's vocabulary: an invalid one is a
+    400 naming its field, before the request waits in the queue."""
+    from specrun.llama.grammar import Grammar, GrammarError
+
+    st = req.structured
+    try:
+        Grammar.compile(engine.target, st.gbnf or "", param=st.gbnf_param).close()
+    except GrammarError as exc:
+        raise bad(str(exc), st.gbnf_param) from None
+
+
 async def _generate(state: ServerState, request: Request, kind: str) -> Response:
     engine = state.engine_or_503()
     body = parse_json(await _read_body(request, state.max_body))
     req = parse_request(body, kind, state.defaults, state.n_ctx)
     check_spec(req.spec, engine)
     tokens = _encode(state, engine, req)
+    if req.structured.gbnf:
+        _check_grammar(engine, req)
     if req.max_tokens is None:
         req.max_tokens = state.n_ctx - len(tokens)  # to the end of the context, as llama-server
     job = Job(req, tokens, asyncio.get_running_loop())
@@ -336,7 +366,10 @@ async def _generate(state: ServerState, request: Request, kind: str) -> Response
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     results = await _collect(job, request)
-    return JSONResponse(R.completion(kind, rid, model, results, req.return_tokens))
+    body = R.completion(kind, rid, model, results, req.return_tokens)
+    if req.structured.calls_tools:
+        R.tool_choices(body, results, req.structured)
+    return JSONResponse(body)
 
 
 async def _next(job: Job, request: Request | None) -> tuple[Any, ...]:
@@ -380,6 +413,8 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
     created = int(time.time())
     usage_too = req.include_usage
     started: set[int] = set()
+    tools = kind == "chat" and req.structured.calls_tools
+    held: dict[int, Any] = {}  # choice -> tools.HoldBack: text that may be a call waits
 
     def ch(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return R.sse(R.chunk(kind, rid, model, created, choices, usage_too, **extra))
@@ -395,8 +430,11 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
         if tag == "step":
             i, ev = item[1], item[2]
             opened(i, out)
-            if ev.text:
-                out.append(ch([R.delta_choice(kind, i, ev.text)]))
+            text = ev.text
+            if tools and ev.text:
+                text = held.setdefault(i, R.hold_back(req.structured)).feed(ev.text)
+            if text:
+                out.append(ch([R.delta_choice(kind, i, text)]))
         elif tag == "result":
             i, res = item[1], item[2]
             opened(i, out)
@@ -406,9 +444,19 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
             }
             if req.return_tokens:
                 extra["tokens"] = list(res.tokens)
-            fin = R.delta_choice(
-                kind, i, None if kind == "chat" else "", R.FINISH.get(res.finish_reason, "stop")
-            )
+            reason = R.FINISH.get(res.finish_reason, "stop")
+            if tools:
+                hb = held.setdefault(i, R.hold_back(req.structured))
+                rest, calls = hb.finish(req.structured.tools)
+                if not req.structured.parallel:
+                    calls = calls[:1]
+                if rest:
+                    out.append(ch([R.delta_choice(kind, i, rest)]))
+                for j, c in enumerate(calls):
+                    out += [ch([d]) for d in R.tool_call_deltas(i, j, c)]
+                if calls:
+                    reason = "tool_calls"
+            fin = R.delta_choice(kind, i, None if kind == "chat" else "", reason)
             out.append(ch([fin], **extra))
         elif tag == "error":
             out.append(R.sse({"error": error_body(item[1], item[2])["error"]}))

@@ -1,8 +1,8 @@
 """Request bodies of /v1/chat/completions and /v1/completions -> one validated ``GenRequest``.
 
 Every field is checked by hand, so a bad one is answered with OpenAI's 400 naming it (``param``)
-instead of a validation dump. Known fields specrun cannot honour (tools, logprobs, a JSON
-response format, penalties) are refused, never silently ignored; fields it does not know are
+instead of a validation dump. Tools and constrained output are parsed in structured.py. Known
+fields specrun cannot honour (logprobs, penalties) are refused, never silently ignored; fields it does not know are
 ignored, as OpenAI-compatible servers do (clients send ``user``, ``store``, ``metadata``...).
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from specrun.decoding.engine import MAX_DRAFT, MODES
 from specrun.decoding.sampling import SamplingParams
 from specrun.server.errors import APIError, bad
+from specrun.server.structured import Structured, parse_structured
 
 MAX_N = 16  # completions per request (n)
 MAX_STOP = 16  # stop strings per request
@@ -24,22 +25,16 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 # (field, what is supported instead): refused when present with a value that asks for something.
 _REFUSED_CHAT: dict[str, str | None] = {
-    "tools": "tool calling",
-    "tool_choice": "tool calling",
     "functions": "function calling",
     "function_call": "function calling",
-    "parallel_tool_calls": None,
     "logprobs": "log probabilities",
     "top_logprobs": "log probabilities",
-    "response_format": "structured output (response_format)",
     "logit_bias": "logit_bias",
     "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty",
     "audio": "audio output",
     "modalities": None,
     "prediction": "predicted outputs",
-    "grammar": "grammars",
-    "json_schema": "JSON schemas",
 }
 _REFUSED_COMPLETION: dict[str, str | None] = {
     "logprobs": "log probabilities",
@@ -49,9 +44,6 @@ _REFUSED_COMPLETION: dict[str, str | None] = {
     "best_of": "best_of",
     "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty",
-    "grammar": "grammars",
-    "json_schema": "JSON schemas",
-    "response_format": "structured output",
 }
 
 
@@ -59,7 +51,7 @@ _REFUSED_COMPLETION: dict[str, str | None] = {
 class GenRequest:
     kind: str  # "chat" | "completion"
     model: str | None
-    messages: list[dict[str, str]] | None  # chat
+    messages: list[dict[str, Any]] | None  # chat
     prompt: str | list[int] | None  # completion: text or token ids
     max_tokens: int | None  # None: to the end of the context
     params: SamplingParams
@@ -70,6 +62,7 @@ class GenRequest:
     spec: dict[str, Any] = field(default_factory=dict)  # Engine.configure changes
     return_tokens: bool = False
     cache_prompt: bool = True
+    structured: Structured = field(default_factory=Structured)  # tools, response_format, grammar
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -201,14 +194,18 @@ def _content(v: Any, param: str) -> str:
     )
 
 
-def parse_messages(v: Any) -> list[dict[str, str]]:
+def parse_messages(v: Any) -> list[dict[str, Any]]:
+    """Chat messages for the template: text content, an assistant's ``tool_calls`` (arguments
+    parsed into objects, as templates render them) and ``tool`` results answering a call made
+    earlier in the conversation."""
     if v is None:
         raise bad("messages is required", "messages", "missing_required_parameter")
     if not isinstance(v, list):
         raise bad(f"messages must be an array, got {_kind(v)}", "messages", "invalid_type")
     if not v:
         raise bad("messages must not be empty", "messages")
-    out = []
+    out: list[dict[str, Any]] = []
+    calls: dict[str, str] = {}  # tool_call_id -> function name, from assistant messages
     for i, m in enumerate(v):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -216,26 +213,86 @@ def parse_messages(v: Any) -> list[dict[str, str]]:
         role = m.get("role")
         if not isinstance(role, str):
             raise bad(f"{p}.role is required (a string)", f"{p}.role", "invalid_type")
-        if role not in ROLES:
-            what = (
-                "tool messages (tool calling) are"
-                if role in ("tool", "function")
-                else f"the role {role!r} is"
-            )
+        if role == "function" or m.get("function_call"):
             raise bad(
-                f"{p}.role: {what} not supported (system, developer, user, assistant)",
+                f"{p}: the legacy function-calling messages are not supported (use tool_calls "
+                "and role tool)",
                 f"{p}.role",
-                "unsupported_parameter" if role in ("tool", "function") else "invalid_value",
-            )
-        if m.get("tool_calls") or m.get("function_call"):
-            raise bad(
-                f"{p}.tool_calls: tool calling is not supported",
-                f"{p}.tool_calls",
                 "unsupported_parameter",
             )
-        if "content" not in m or m["content"] is None:
-            raise bad(f"{p}.content is required", f"{p}.content", "missing_required_parameter")
-        out.append({"role": ROLES[role], "content": _content(m["content"], f"{p}.content")})
+        if role == "tool":
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or not cid:
+                raise bad(f"{p}.tool_call_id is required for a tool message", f"{p}.tool_call_id")
+            if cid not in calls:
+                raise bad(
+                    f"{p}.tool_call_id {cid!r} answers no tool call of an earlier assistant "
+                    "message",
+                    f"{p}.tool_call_id",
+                )
+            if "content" not in m or m["content"] is None:
+                raise bad(f"{p}.content is required", f"{p}.content", "missing_required_parameter")
+            out.append(
+                {
+                    "role": "tool",
+                    "content": _content(m["content"], f"{p}.content"),
+                    "tool_call_id": cid,
+                    "name": calls[cid],
+                }
+            )
+            continue
+        if role not in ROLES:
+            raise bad(
+                f"{p}.role: the role {role!r} is not supported (system, developer, user, "
+                "assistant, tool)",
+                f"{p}.role",
+                "invalid_value",
+            )
+        msg: dict[str, Any] = {"role": ROLES[role]}
+        tool_calls = m.get("tool_calls")
+        if tool_calls:
+            if role != "assistant":
+                raise bad(
+                    f"{p}.tool_calls: only assistant messages make tool calls", f"{p}.tool_calls"
+                )
+            msg["tool_calls"] = _parse_calls(tool_calls, f"{p}.tool_calls", calls)
+            content = m.get("content")
+            msg["content"] = "" if content is None else _content(content, f"{p}.content")
+        else:
+            if "content" not in m or m["content"] is None:
+                raise bad(f"{p}.content is required", f"{p}.content", "missing_required_parameter")
+            msg["content"] = _content(m["content"], f"{p}.content")
+        out.append(msg)
+    return out
+
+
+def _parse_calls(v: Any, p: str, calls: dict[str, str]) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise bad(f"{p} must be an array, got {_kind(v)}", p, "invalid_type")
+    out = []
+    for j, c in enumerate(v):
+        q = f"{p}[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise bad(f"{q}.function.name is required", f"{q}.function.name")
+        args = f.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except json.JSONDecodeError:
+                raise bad(
+                    f"{q}.function.arguments must be a JSON object encoded as a string",
+                    f"{q}.function.arguments",
+                ) from None
+        if not isinstance(args, dict):
+            raise bad(f"{q}.function.arguments must be a JSON object", f"{q}.function.arguments")
+        cid = c.get("id")
+        if not isinstance(cid, str) or not cid:
+            raise bad(f"{q}.id is required (the tool message answers it)", f"{q}.id")
+        calls[cid] = f["name"]
+        out.append(
+            {"id": cid, "type": "function", "function": {"name": f["name"], "arguments": args}}
+        )
     return out
 
 
@@ -339,6 +396,7 @@ def parse_request(
             )
         spec["mode"] = mode
     return_tokens = bool(_bool(own, "return_tokens", "specrun.return_tokens"))
+    structured = parse_structured(body, kind)
     cache_prompt = _bool(body, "cache_prompt")  # llama-server's name
     return GenRequest(
         kind=kind,
@@ -354,6 +412,7 @@ def parse_request(
         spec=spec,
         return_tokens=return_tokens,
         cache_prompt=True if cache_prompt is None else cache_prompt,
+        structured=structured,
     )
 
 

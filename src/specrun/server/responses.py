@@ -154,3 +154,38 @@ def sse(obj: dict[str, Any] | str) -> bytes:
         obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     )
     return f"data: {data}\n\n".encode()
+
+
+def hold_back(st: Any) -> Any:
+    from specrun.tools import HoldBack
+
+    return HoldBack(st.fmt, everything=st.forces_call)
+
+
+def tool_choices(body: dict[str, Any], results: list[Any], st: Any) -> None:
+    """A whole reply's choices with the calls the model made: ``message.tool_calls`` and
+    ``finish_reason: "tool_calls"``; what it said besides stays ``content`` (null if nothing)."""
+    from specrun.tools import parse
+
+    for c, r in zip(body["choices"], results, strict=True):
+        content, calls = parse(st.fmt, r.text, st.tools)
+        if not st.parallel:
+            calls = calls[:1]
+        if calls:
+            c["message"] = {
+                "role": "assistant",
+                "content": content or None,
+                "tool_calls": [call.as_openai() for call in calls],
+            }
+            c["finish_reason"] = "tool_calls"
+
+
+def tool_call_deltas(index: int, j: int, call: Any) -> list[dict[str, Any]]:
+    """One call as OpenAI streams it: id, type and name first, then the arguments."""
+    head = {"index": j, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+    args = {"index": j, "function": {"arguments": call.arguments}}
+    return [
+        {"index": index, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None},
+        {"index": index, "delta": {"tool_calls": [args]}, "logprobs": None, "finish_reason": None},
+    ]

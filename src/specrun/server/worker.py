@@ -125,12 +125,18 @@ class EngineWorker:
             if self.cache is not None and req.cache_prompt:
                 self.cache.prepare(engine, job.tokens)
             for i in range(req.n):
+                constraint = None
+                if req.structured.gbnf:  # a fresh grammar state per completion
+                    from specrun.llama.grammar import Grammar
+
+                    constraint = Grammar.compile(engine.target, req.structured.gbnf)
                 gen = engine.generate(
                     job.tokens,
                     max_tokens=req.max_tokens or 0,
                     params=replace(req.params, seed=req.params.seed + i),
                     stop=req.stop,
                     reuse_cache=req.cache_prompt,
+                    constraint=constraint,
                 )
                 try:
                     for ev in gen:
@@ -143,6 +149,8 @@ class EngineWorker:
                             break
                 finally:
                     gen.close()  # the engine's own finally: its caches match what it yielded
+                    if constraint is not None:
+                        constraint.close()
                 if state != "done":
                     break
                 job.emit("result", i, results[-1])
