@@ -65,6 +65,16 @@ def converse(conversations: Iterable[Sequence[str]], turn: Callable[[list], str]
             history.append({"role": "assistant", "content": turn(history)})
 
 
+def pair_files(pair: str) -> tuple[str, str]:
+    """A registry pair's target and draft files (pulled if missing), for a server of another
+    program started on them."""
+    from specrun.models.registry import Registry
+
+    reg = Registry.load()
+    entry = reg.pairs[pair]
+    return str(reg.ensure(entry.target)), str(reg.ensure(entry.draft))
+
+
 def load_pair(
     pair: str,
     *,
