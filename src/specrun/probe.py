@@ -411,6 +411,38 @@ def _prefixed(tell: Say, name: str) -> Say:
     return lambda msg: tell(f"{name}: {msg}")
 
 
+def remembered_draft(target_path: Any) -> tuple[bool, tuple[Any, int | None] | None]:
+    """(known, the choice) remembered for this very target file, probing nothing: known is
+    False when nothing is remembered (or the draft remembered is gone); the choice is None when
+    it was "none pays", else (the draft's path, its draft_max)."""
+    from pathlib import Path
+
+    from specrun.models import drafts
+
+    target_path = Path(target_path)
+    known, path = drafts.remembered(target_path)
+    if not known or path is None:
+        return known, None
+    dm = remembered_figures(target_path).get("draft_max")
+    return True, (path, dm if isinstance(dm, int) else None)
+
+
+def remembered_figures(target_path: Any) -> dict[str, Any]:
+    """What the probe measured for the draft remembered for this target (name, speedup,
+    draft_max), or {}."""
+    from pathlib import Path
+
+    from specrun.models import drafts
+
+    try:
+        key = str(Path(target_path).resolve())
+    except OSError:
+        return {}
+    entry = drafts._read().get(key, {})
+    figures = entry.get("figures", {}) if isinstance(entry, dict) else {}
+    return figures if isinstance(figures, dict) else {}
+
+
 def best_draft_for(
     target_path: Any,
     registry: Any,
@@ -425,13 +457,9 @@ def best_draft_for(
     from specrun.models import drafts
 
     target_path = Path(target_path)
-    known, path = drafts.remembered(target_path)
+    known, choice = remembered_draft(target_path)
     if known:
-        if path is None:
-            return None
-        figures = drafts._read().get(str(target_path.resolve()), {}).get("figures", {})
-        dm = figures.get("draft_max") if isinstance(figures, dict) else None
-        return path, dm if isinstance(dm, int) else None
+        return choice
     ranks, _left = rank_drafts(target_path, registry, say=say, n_threads=n_threads)
     best = next(
         (r for r in ranks if r.problem is None and r.speedup is not None and r.speedup > 1.0),
