@@ -15,6 +15,7 @@ PINNED = {
     "pair": ("SPECRUN_PAIR", M),
     "model": ("SPECRUN_MODEL", M),
     "model_draft": ("SPECRUN_MODEL_DRAFT", M),
+    "no_draft": ("SPECRUN_NO_DRAFT", M),
     "hf_repo": ("SPECRUN_HF_REPO", M),
     "hf_file": ("SPECRUN_HF_FILE", M),
     "hf_repo_draft": ("SPECRUN_HF_REPO_DRAFT", M),
@@ -57,32 +58,44 @@ PINNED = {
 }
 # sha256 of _fingerprint() as the table stood before envvar/panel were derived.
 FINGERPRINT = "aff9103a181050b38eeea1e2960a8dd73c69b40ebbb91e6f40b6cf0d3e33245e"
+# Options added since, each pinned whole by its own row (flags, help, ...) as _row gives it.
+ADDED = {
+    "no_draft": (
+        "('no_draft', \"<class 'bool'>\", False, ['--no-draft'], 'SPECRUN_NO_DRAFT', "
+        "'Models', \"No draft model: neither the pair's nor the one found on disk for -m TARGET "
+        '(as -md none).", None, False, True)'
+    ),
+}
 
 
 def _rows():
     return [*MODEL_OPTIONS, *SAMPLING_OPTIONS]
 
 
+def _row(name, typ, opt, default) -> str:
+    flags = [opt.default, *opt.param_decls]
+    return repr(
+        (
+            name,
+            str(typ),
+            default,
+            flags,
+            opt.envvar,
+            opt.rich_help_panel,
+            opt.help,
+            opt.metavar,
+            opt.hidden,
+            opt.show_envvar,
+        )
+    )
+
+
 def _fingerprint() -> str:
     lines = []
     for name, typ, opt, default in _rows():
-        flags = [opt.default, *opt.param_decls]
-        lines.append(
-            repr(
-                (
-                    name,
-                    str(typ),
-                    default,
-                    flags,
-                    opt.envvar,
-                    opt.rich_help_panel,
-                    opt.help,
-                    opt.metavar,
-                    opt.hidden,
-                    opt.show_envvar,
-                )
-            )
-        )
+        if name in ADDED:
+            continue
+        lines.append(_row(name, typ, opt, default))
     lines.append(repr(sorted(options.ALIASES.items())))
     kwargs = typing.get_args(options.TemplateKwargs)[1]
     lines.append(repr((kwargs.envvar, kwargs.rich_help_panel)))
@@ -92,8 +105,13 @@ def _fingerprint() -> str:
 def test_every_env_var_and_panel_is_as_users_know_it():
     got = {name: (opt.envvar, opt.rich_help_panel) for name, _t, opt, _d in _rows()}
     assert got == PINNED
-    assert len(got) == len(_rows()) == 42  # no name declared twice
+    assert len(got) == len(_rows()) == 43  # no name declared twice
 
 
 def test_the_rest_of_the_table_is_unchanged():
     assert hashlib.sha256(_fingerprint().encode()).hexdigest() == FINGERPRINT, _fingerprint()
+
+
+def test_the_options_added_since_are_as_pinned():
+    got = {name: _row(name, *rest) for name, *rest in _rows() if name in ADDED}
+    assert got == ADDED

@@ -27,7 +27,8 @@ class ModelOptions:
 
     pair: str | None = None
     model: str | None = None
-    model_draft: str | None = None
+    model_draft: str | None = None  # "none": no draft (as --no-draft)
+    no_draft: bool = False  # no draft model: not the pair's, not one found on disk
     hf_file: str | None = None  # -m is a hub repo and this its file (llama.cpp's --hf-file)
     hf_file_draft: str | None = None
     chat_template: str | None = None  # --chat-template: a llama.cpp built-in name or Jinja text
@@ -68,11 +69,18 @@ class ModelOptions:
     verbose: bool = False
 
     @property
+    def draft_declined(self) -> bool:
+        """--no-draft or -md none: no draft model (a pair's, or one found on disk)."""
+        return self.no_draft or (self.model_draft or "").strip().lower() == "none"
+
+    @property
     def flash_attn_flag(self) -> bool | None:
         return {"on": True, "off": False}.get(self.flash_attn.lower())
 
     def validate(self) -> None:
         self.template_source()  # checked before any model is pulled or loaded
+        if self.no_draft and (self.model_draft or "none").strip().lower() != "none":
+            raise UsageError(f"--no-draft declines a draft: drop -md {self.model_draft}")
         for flag, c in (("--ctx", self.ctx), ("--ctx-draft", self.ctx_draft)):
             if c is not None and not 16 <= c <= MAX_CTX:
                 raise UsageError(f"{flag} must be 16 to {MAX_CTX}, got {c}")
@@ -208,6 +216,7 @@ class Plan:
     target: ResolvedModel
     draft: ResolvedModel | None
     pair_draft_max: int | None = None
+    notes: list[str] = field(default_factory=list)  # for stderr, one line each (load's warn)
 
 
 @dataclass
@@ -222,11 +231,23 @@ class Loaded:
 
 
 def plan(
-    opts: ModelOptions, registry: Registry, progress: ProgressFn | None = None, pull: bool = True
+    opts: ModelOptions,
+    registry: Registry,
+    progress: ProgressFn | None = None,
+    pull: bool = True,
+    status: Callable[[str], None] | None = None,
 ) -> Plan:
     """Resolve -m/-md/--pair to local files (pulling registry models that are missing, unless
-    ``pull`` is False: then a missing model is an error)."""
+    ``pull`` is False: then a missing model is an error).
+
+    ``-m TARGET`` with no draft named (and not a registry pair's target) takes the best draft
+    found on disk for that file (``probe.best_draft_for``: probed once, then remembered), when
+    the mode uses a draft model and it was not declined (--no-draft, -md none); the plan's
+    ``notes`` say which. ``pull`` False probes nothing: only a remembered choice is taken.
+    ``status`` hears the probe's progress."""
     uses_draft = opts.mode not in ("none", "lookup")
+    declined = opts.draft_declined
+    notes: list[str] = []
     if opts.pair and opts.model:
         raise UsageError("give either --pair or -m/--model, not both")
 
@@ -243,8 +264,12 @@ def plan(
     if opts.model:
         target = resolve(opts.model, opts.hf_file)
         pair = registry.pair_for_target(target.name) if target.entry is not None else None
-        draft_spec = opts.model_draft or (pair.draft if pair else None)
+        draft_spec = None if declined else opts.model_draft or (pair.draft if pair else None)
         pair_k = pair.draft_max if pair and not opts.model_draft else None
+        if draft_spec is None and uses_draft and not declined:
+            found = _found_draft(target, registry, opts, pull, status, notes)
+            if found is not None:
+                draft_spec, pair_k = str(found[0]), found[1]
     else:
         name = opts.pair or registry.default
         if not name:
@@ -252,14 +277,59 @@ def plan(
         if opts.pair or name in registry.pairs:
             pair = registry.pair(name)  # an unknown --pair raises here, with suggestions
             target = registry.resolve(pair.target, progress=progress, pull=pull)
-            draft_spec = opts.model_draft or pair.draft
+            draft_spec = None if declined else opts.model_draft or pair.draft
             pair_k = pair.draft_max
         else:  # the default names a single model
             target = registry.resolve(name, progress=progress, pull=pull)
-            draft_spec, pair_k = opts.model_draft, None
-    draft_file = opts.hf_file_draft if opts.model_draft else None
+            draft_spec, pair_k = None if declined else opts.model_draft, None
+    draft_file = opts.hf_file_draft if opts.model_draft and not declined else None
     draft = resolve(draft_spec, draft_file) if draft_spec and uses_draft else None
-    return Plan(target=target, draft=draft, pair_draft_max=pair_k)
+    return Plan(target=target, draft=draft, pair_draft_max=pair_k, notes=notes)
+
+
+def _found_draft(
+    target: ResolvedModel,
+    registry: Registry,
+    opts: ModelOptions,
+    pull: bool,
+    status: Callable[[str], None] | None,
+    notes: list[str],
+) -> tuple[Path, int | None] | None:
+    """The draft found on disk for ``target`` (remembered, else probed when ``pull``), with a
+    note that names it; None (and no note) when none is found or none pays."""
+    from specrun import probe
+
+    known, choice = probe.remembered_draft(target.path)
+    fresh = False
+    if not known and pull:
+        say = status or (lambda _m: None)
+        say(f"looking for a draft for {target.name} on disk")
+        try:
+            choice = probe.best_draft_for(
+                target.path,
+                registry,
+                say=lambda m: say(f"draft search: {m}"),
+                n_threads=opts.threads,
+            )
+        except Exception as exc:  # the search is a convenience: the run goes on without it
+            notes.append(f"no draft found for {target.name}: the search failed ({exc})")
+            return None
+        fresh = True
+    if choice is None:
+        return None
+    path, k = choice
+    fig = probe.remembered_figures(target.path)
+    name = fig.get("name") or path.name
+    speed = fig.get("speedup")
+    how = " at ".join(
+        ([f"{speed:.2f}x"] if isinstance(speed, int | float) else []) + ([f"K={k}"] if k else [])
+    )
+    when = "measured now" if fresh else "measured before"
+    notes.append(
+        f"draft: {name} found on disk for {target.name} ({how + ', ' if how else ''}{when}); "
+        "--no-draft runs without it"
+    )
+    return Path(path), k
 
 
 def _prevalidate(path: Path) -> Any:
@@ -335,7 +405,7 @@ def load(
         infos = [_prevalidate(r.path) for r in filter(None, (p.target, p.draft))]
         planned, notes = memory_plan(p, opts, infos)
         build = unpatched_note()  # once a process: what a build without patches/ loses
-        for line in ([build] if build else []) + notes:
+        for line in p.notes + ([build] if build else []) + notes:
             (warn or (lambda _m: None))(line)
 
         def load_opts(i: int) -> Any:
@@ -388,7 +458,7 @@ def load_engine(
     """Resolve ``opts`` (pulling missing registry models, ``progress`` told how it goes) and load:
     the one call a front end needs. The caller owns the result: ``Loaded.close()``."""
     reg = registry if registry is not None else Registry.load(verbose=opts.verbose)
-    return load(plan(opts, reg, progress=progress), opts, status=status, warn=warn)
+    return load(plan(opts, reg, progress=progress, status=status), opts, status=status, warn=warn)
 
 
 def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None) -> None:

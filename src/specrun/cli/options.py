@@ -82,6 +82,15 @@ MODEL_OPTIONS: list[tuple[str, Any, Any, Any]] = [
             None,
         ),
         (
+            "no_draft",
+            bool,
+            _opt(
+                "--no-draft",
+                help="No draft model: neither the pair's nor the one found on disk for -m TARGET (as -md none).",
+            ),
+            False,
+        ),
+        (
             "hf_repo",
             str | None,
             _opt(
@@ -586,6 +595,19 @@ def _drop_env_rivals(
                 kw[other] = None
 
 
+def _no_draft_or_draft(kw: dict[str, Any], src: dict[str, str]) -> None:
+    """--no-draft against a draft named (-md/-hfd): the one typed wins over the one from the
+    environment (SPECRUN_NO_DRAFT=1 and -md X typed: X drafts); both typed is refused later."""
+    if not kw.get("no_draft") or kw.get("model_draft") is None:
+        return
+    typed_draft = given(src, "model_draft") or given(src, "hf_repo_draft")
+    if typed_draft and src.get("no_draft") == "ENVIRONMENT":
+        kw["no_draft"] = False
+    elif given(src, "no_draft") and not typed_draft:
+        kw["model_draft"] = None
+        kw.pop("hf_file_draft", None)
+
+
 def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) -> Any:
     """The command line's model options -> a validated ModelOptions: an option typed beats its
     rival from the environment, llama.cpp's spellings are translated (llama_compat), --ngl
@@ -605,6 +627,7 @@ def _build_model_options(kw: dict[str, Any], src: dict[str, str] | None = None) 
         ],
     )
     translate(kw, src)  # llama.cpp's spellings: -hf/-hfd, --spec-type
+    _no_draft_or_draft(kw, src)
     for name, flag in (("ngl", "--ngl"), ("ngl_draft", "--ngl-draft")):
         if name in kw:
             kw[name] = parse_ngl(kw[name], flag)
