@@ -93,7 +93,7 @@ lint: $(DEPS)
 bench: install
 	$(BIN)/specrun bench --pair $(PAIR) --suite builtin --limit 1 -n 96 --repeats 2 \
 	  --modes none,draft,lookup,hybrid,auto --draft-max 2,4,8 \
-	  --json bench/latest.json --md bench/latest.md --plot bench/latest.png
+	  --json docs/results/latest.json --md docs/results/latest.md --plot docs/results/latest.png
 
 # Downloads VERSION's source release and tries patches/series on it in order (git apply --check),
 # building nothing: which patches no longer apply (exit 1 if any). VERSION defaults to the pin.
