@@ -1,6 +1,7 @@
 """Prompt lookup decoding over n-grams: the drafter before the suffix drafter (suffix.py), kept
-for comparisons (``SpecConfig(lookup_kind="ngram")``) and for its format-1 cache files, which
-suffix.LookupFile migrates.
+for comparisons (``SpecConfig(lookup_kind="ngram")``) and for its format-1 cache files
+(``--lookup-kind ngram``). suffix.LookupFile does not migrate them: given to the suffix drafter,
+a format-1 file is refused with a one-line error and left as it is.
 
 ``NgramIndex`` maps every n-gram of the token history (n in [n_min, n_max]) to the position
 right after its most recent occurrence. It is updated with each accepted token in O(n_max)
