@@ -18,6 +18,7 @@ import numpy as np
 
 from specrun import defaults
 from specrun.decoding import constraint as C
+from specrun.decoding import penalties as P
 from specrun.decoding import sampling as S
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
@@ -96,6 +97,7 @@ class Step:
     k: int  # draft tokens verified in this pass
     accepted: int
     stats: SpecStats
+    probs: list[S.TokenProb] | None = None  # per token, where params.n_probs >= 0
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Result:
     stats: SpecStats
     seed: int = 0
     mode: str = "none"
+    probs: list[S.TokenProb] | None = None  # per token, where params.n_probs >= 0
 
 
 @dataclass
@@ -116,6 +119,7 @@ class _Run:
     stream: TextStream
     stats: SpecStats = field(default_factory=SpecStats)
     finish: str | None = None
+    probs: list[S.TokenProb] | None = None
 
 
 M = TypeVar("M", bound=Target)
@@ -127,6 +131,7 @@ class Engine(Generic[M]):
     def __init__(self, target: M, draft: Target | None = None, config: SpecConfig | None = None):
         self.target = target
         self._probes: dict[str, int] | None = None  # single-character tokens (constraint.py)
+        self._eog: list[int] | None = None  # end-of-generation tokens (ignore_eos)
         self.config = config or SpecConfig()
         self.config.validate()
         self.draft_model = DraftModel(draft, self.config.draft_p_min) if draft is not None else None
@@ -293,6 +298,12 @@ class Engine(Generic[M]):
             self.reset()
         rng = np.random.Generator(np.random.PCG64(params.seed))
         run = _Run(tokens=list(prompt), n_prompt=len(prompt), stream=TextStream(stop))
+        want_probs = params.n_probs >= 0
+        if want_probs:
+            run.probs = []
+        row_probs: list[S.TokenProb] = []  # what _verify_rows reports of each token it returns
+        if params.ignore_eos and self._eog is None:
+            self._eog = P.eog_ids(self.target)
         st = run.stats
         target = self.target
         llama0 = self._llama_seconds()
@@ -343,7 +354,10 @@ class Engine(Generic[M]):
                         declined = name if name != "none" else None
                         name, prop = "none", EMPTY
                 t_verify = time.perf_counter()
-                n_acc, new = self._verify(run.tokens, prop, params, rng, greedy, match, constraint)
+                row_probs.clear()
+                n_acc, new = self._verify(
+                    run.tokens, prop, params, rng, greedy, match, constraint, row_probs
+                )
                 k_used = len(prop)
                 verify_s = time.perf_counter() - t_verify
                 st.record_timing(
@@ -370,6 +384,7 @@ class Engine(Generic[M]):
                 policy.rollback(valid)
 
                 out_tokens: list[int] = []
+                step_probs: list[S.TokenProb] | None = [] if want_probs else None
                 flags: list[bool] = []
                 text_parts: list[str] = []
                 for i, tok in enumerate(new):
@@ -380,6 +395,8 @@ class Engine(Generic[M]):
                     if constraint is not None:
                         constraint.accept(tok)
                     out_tokens.append(tok)
+                    if step_probs is not None:
+                        step_probs.append(row_probs[i])
                     flags.append(i < n_acc)
                     text_parts.append(run.stream.feed(piece(tok)))
                     if run.stream.stopped:
@@ -395,8 +412,12 @@ class Engine(Generic[M]):
                 st.generated = len(run.tokens) - run.n_prompt
                 st.decode_seconds = time.perf_counter() - t_decode
                 st.llama_seconds = self._llama_seconds() - llama0 - llama_prefill
+                if step_probs is not None and run.probs is not None:
+                    run.probs += step_probs
                 if out_tokens:
-                    yield Step(out_tokens, flags, "".join(text_parts), name, k_used, n_acc, st)
+                    yield Step(
+                        out_tokens, flags, "".join(text_parts), name, k_used, n_acc, st, step_probs
+                    )
                 if deferred and run.finish is None:
                     deferred = False
                     t_c, llama_c = time.perf_counter(), self._llama_seconds()
@@ -421,6 +442,7 @@ class Engine(Generic[M]):
             stats=st,
             seed=params.seed,
             mode=self.mode,
+            probs=run.probs,
         )
 
     def run(self, prompt: Sequence[int], **kw: object) -> Result:
@@ -475,22 +497,28 @@ class Engine(Generic[M]):
         greedy: bool,
         match: bool,
         constraint: C.Constraint | None = None,
+        probs: list[S.TokenProb] | None = None,
     ) -> tuple[int, list[int]]:
         """One target pass over [pending, d1..dK]: (drafts accepted, tokens to commit). Under a
         constraint each row is masked by the grammar's state after the drafts before it (a
-        fork, advanced on trial: the caller advances the real state by what it keeps)."""
+        fork, advanced on trial: the caller advances the real state by what it keeps). Logit
+        biases and penalties (penalties.py) transform row j with the history up to it, the
+        drafts before it included: the accept test sees the penalised target. ``probs``: where
+        ``params.n_probs >= 0``, each returned token's probabilities are appended to it."""
         target = self.target
         drafts = prop.tokens
         base = len(tokens)
         batch = [tokens[-1], *drafts]
         target.decode(batch, base - 1, logits_from=0)
+        rt = P.RowTransform(params, tokens, self._eog or ()) if P.active(params) else None
+        out = probs if params.n_probs >= 0 else None
         if constraint is not None:
             g = constraint.fork()
             try:
-                return self._verify_rows(drafts, prop, params, rng, greedy, match, g)
+                return self._verify_rows(drafts, prop, params, rng, greedy, match, g, rt, out)
             finally:
                 g.close()
-        return self._verify_rows(drafts, prop, params, rng, greedy, match, None)
+        return self._verify_rows(drafts, prop, params, rng, greedy, match, None, rt, out)
 
     def _verify_rows(
         self,
@@ -501,18 +529,31 @@ class Engine(Generic[M]):
         greedy: bool,
         match: bool,
         g: C.Constraint | None,
+        rt: P.RowTransform | None = None,
+        probs: list[S.TokenProb] | None = None,
     ) -> tuple[int, list[int]]:
         target = self.target
         k = len(drafts)
         new: list[int] = []
+        n_top = params.n_probs
         for j in range(k + 1):
             logits = target.logits(j)
             if g is not None and j > 0:
                 g.accept(drafts[j - 1])  # row j follows d_j, accepted just before
+            if rt is not None:
+                if j > 0:
+                    rt.push(drafts[j - 1])
+                logits = rt.apply(logits)
             if greedy:
                 t = S.greedy(logits) if g is None else C.argmax(g, logits)
                 if t < 0:
                     raise SpecrunError("the grammar admits no token here (it cannot be completed)")
+                if probs is not None:
+                    if params.post_sampling_probs:  # greedy samples the argmax for sure
+                        probs.append(S.TokenProb(t, 0.0, ((t, 0.0),) if n_top > 0 else ()))
+                    else:
+                        row = logits if g is None else C.mask(g, logits, params)
+                        probs.append(S.row_logprobs(row, t, n_top))
                 if j < k and t == drafts[j]:
                     new.append(t)
                     continue
@@ -524,18 +565,37 @@ class Engine(Generic[M]):
                     raise SpecrunError("the grammar admits no token here (it cannot be completed)")
             p = S.transform(logits, params)
             if j == k:
-                new.append(p.sample(rng))  # every draft accepted: the bonus token comes from p
+                t = p.sample(rng)  # every draft accepted: the bonus token comes from p
+                new.append(t)
+                self._prob(probs, logits, p, t, params)
                 return k, new
             if match:
                 # Sample-and-match: the target samples its own token; the draft stands if equal.
                 t = p.sample(rng)
                 new.append(t)
+                self._prob(probs, logits, p, t, params)
                 if t != drafts[j]:
                     return j, new
                 continue
             q = prop.dists[j] if prop.dists is not None else None
             ok, t = S.speculative_step(p, q, drafts[j], rng)
             new.append(t)
+            self._prob(probs, logits, p, t, params)
             if not ok:
                 return j, new
         return k, new  # unreachable: the loop returns at j == k
+
+    @staticmethod
+    def _prob(
+        probs: list[S.TokenProb] | None,
+        logits: np.ndarray,
+        p: S.Dist,
+        t: int,
+        params: S.SamplingParams,
+    ) -> None:
+        if probs is None:
+            return
+        if params.post_sampling_probs:
+            probs.append(S.dist_logprobs(p, t, params.n_probs))
+        else:
+            probs.append(S.row_logprobs(logits, t, params.n_probs))

@@ -27,6 +27,18 @@ class SamplingParams:
     top_p: float = defaults.TOP_P
     min_p: float = defaults.MIN_P
     seed: int = 0
+    # The target's distribution changed before sampling (penalties.py, llama.cpp's neutral values):
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # -1: the whole history, 0: no penalties
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf forbids
+    ignore_eos: bool = False  # every end-of-generation token at -inf
+    # What to report of each chosen token (TokenProb): -1 nothing; 0 its own probability; n also
+    # the n most likely tokens of its row. post_sampling_probs: from the distribution sampled
+    # (after top-k/top-p/min-p/temperature), else the whole row's softmax.
+    n_probs: int = -1
+    post_sampling_probs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -45,6 +57,18 @@ class SamplingParams:
             raise UsageError(f"--min-p must be in [0, 1), got {self.min_p}")
         if self.seed < 0 or self.seed >= 2**63:
             raise UsageError(f"--seed must be in [0, 2^63), got {self.seed}")
+        if not np.isfinite(self.repeat_penalty) or self.repeat_penalty <= 0:
+            raise UsageError(f"--repeat-penalty must be > 0 (1 = off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise UsageError(
+                f"--repeat-last-n must be >= -1 (-1: the context, 0: off), got {self.repeat_last_n}"
+            )
+        for name, v in (
+            ("--presence-penalty", self.presence_penalty),
+            ("--frequency-penalty", self.frequency_penalty),
+        ):
+            if not np.isfinite(v):
+                raise UsageError(f"{name} must be a finite number, got {v}")
 
     def as_dict(self) -> dict[str, float | int]:
         return {
@@ -53,7 +77,56 @@ class SamplingParams:
             "top_p": self.top_p,
             "min_p": self.min_p,
             "seed": self.seed,
+            **self.penalty_dict(),
         }
+
+    def penalty_dict(self) -> dict[str, float | int]:
+        """The penalties that are on (nothing when they are all neutral)."""
+        out: dict[str, float | int] = {}
+        if self.repeat_penalty != 1.0:
+            out["repeat_penalty"] = self.repeat_penalty
+        if self.presence_penalty != 0.0:
+            out["presence_penalty"] = self.presence_penalty
+        if self.frequency_penalty != 0.0:
+            out["frequency_penalty"] = self.frequency_penalty
+        if out:
+            out["repeat_last_n"] = self.repeat_last_n
+        return out
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    """A chosen token's log-probability under the row it was verified on, and the ``top`` most
+    likely tokens of that row with theirs (most likely first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def row_logprobs(logits: np.ndarray, token: int, n_top: int) -> TokenProb:
+    """``token``'s log-softmax in ``logits`` (temperature 1, the whole row) and the ``n_top``
+    best tokens'."""
+    row = logits.astype(np.float64)
+    m = float(row.max())
+    lse = m + math.log(float(np.exp(row - m).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        n = min(n_top, row.shape[0])
+        ids = np.argpartition(-row, n - 1)[:n] if n < row.shape[0] else np.arange(n)
+        ids = ids[np.lexsort((ids, -row[ids]))]
+        top = tuple((int(i), float(row[i] - lse)) for i in ids)
+    return TokenProb(int(token), float(row[token] - lse), top)
+
+
+def dist_logprobs(p: Dist, token: int, n_top: int) -> TokenProb:
+    """The same from the distribution sampled (llama-server's ``post_sampling_probs``)."""
+    px = p.prob(token)
+    lp = math.log(px) if px > 0 else -math.inf
+    top = tuple(
+        (int(i), math.log(float(q))) for i, q in zip(p.ids[:n_top], p.probs[:n_top], strict=True)
+    )
+    return TokenProb(int(token), lp, top if n_top > 0 else ())
 
 
 @dataclass(frozen=True)
