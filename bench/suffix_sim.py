@@ -46,7 +46,7 @@ import numpy as np
 from specrun import defaults
 from specrun.benchmark.llama_ngram import LlamaNgramCache, LlamaNgramMod
 from specrun.decoding.auto import AutoPolicy
-from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.decoding.drafters import EMPTY, BaseDrafter, Proposal
 from specrun.decoding.lookup import PromptLookup
 from specrun.decoding.policy import FixedPolicy, Policy, StepReport
 from specrun.decoding.priors import PRIORS
@@ -54,6 +54,14 @@ from specrun.decoding.sampling import SamplingParams
 from specrun.decoding.suffix import SEP, SuffixAutomaton, SuffixLookup
 
 GREEDY = SamplingParams()
+
+
+class _LlamaNgramCache(LlamaNgramCache, BaseDrafter):
+    """llama-server's drafter with the Drafter defaults it does not define (finish, ...)."""
+
+
+class _LlamaNgramMod(LlamaNgramMod, BaseDrafter):
+    """As _LlamaNgramCache."""
 
 
 def verify_cost(vtable: dict[int, float] | None, slope: float):
@@ -299,9 +307,9 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
     if kind == "bound":
         return Bound(vcost or verify_cost(None, 0.1)), SuffixLookup.K_MAX
     if kind == "llama-ngram-cache":
-        return FixedPolicy(LlamaNgramCache()), LlamaNgramCache.N_DRAFT
+        return FixedPolicy(_LlamaNgramCache()), LlamaNgramCache.N_DRAFT
     if kind == "llama-ngram-mod":
-        return FixedPolicy(LlamaNgramMod()), LlamaNgramMod.N_MAX
+        return FixedPolicy(_LlamaNgramMod()), LlamaNgramMod.N_MAX
     raise SystemExit(f"unknown drafter {kind}")
 
 

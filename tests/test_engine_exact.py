@@ -7,7 +7,7 @@ import pytest
 from conftest import assert_rows_exact, assert_same_as_target
 
 from specrun.chat_template import encode_chat
-from specrun.decoding.drafters import Proposal
+from specrun.decoding.drafters import BaseDrafter, Proposal
 from specrun.decoding.engine import Engine, Result, SpecConfig
 from specrun.decoding.policy import FixedPolicy
 from specrun.decoding.sampling import SamplingParams
@@ -158,7 +158,7 @@ def self_draft(model_path):
     m.close()
 
 
-class WrongDrafter:
+class WrongDrafter(BaseDrafter):
     """Proposes a token the target never picks, so every pass rejects at position 0."""
 
     name = "draft"

@@ -10,7 +10,7 @@ import pytest
 
 from specrun.decoding import costmodel
 from specrun.decoding.auto import AutoPolicy
-from specrun.decoding.drafters import Proposal
+from specrun.decoding.drafters import BaseDrafter, Proposal
 from specrun.decoding.lookup import NgramCache, NgramIndex, PromptLookup
 from specrun.decoding.policy import StepReport
 from specrun.decoding.priors import PRIORS
@@ -122,7 +122,7 @@ def test_best_k_long_when_cheap_and_accepted():
 
 
 # -- AutoPolicy on synthetic drafters -------------------------------------------------------------
-class FakeDraftModel:
+class FakeDraftModel(BaseDrafter):
     """Stands in for the draft model: proposes k tokens and reports a synthetic cost."""
 
     name = "draft"
@@ -133,6 +133,7 @@ class FakeDraftModel:
         self.proposed = []
         self.windows = []
         self.last_catch_up = (1, 0.0)
+        self.last_evidence = []
         self.n_cached = 0
 
     def prefill(self, tokens, evaluate=True):
@@ -209,7 +210,7 @@ def test_auto_finds_a_drafter_again_when_it_starts_paying():
     assert np.median([k for _, k in ks[-200:]]) >= 3
 
 
-class FakeLookup:
+class FakeLookup(BaseDrafter):
     """Stands in for prompt lookup: always has a match of ``last_match`` tokens to offer."""
 
     name = "lookup"

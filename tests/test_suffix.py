@@ -249,6 +249,7 @@ class _AskedModel:
 
     def __init__(self):
         self.asked = []
+        self.last_evidence = []
 
     def propose(self, tokens, k, params, rng, greedy_draft, window=None, evidence=False):
         from specrun.decoding.drafters import Proposal

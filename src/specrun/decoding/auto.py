@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specrun import defaults
+import numpy as np
+
 from specrun.decoding import costmodel
+from specrun.decoding import sampling as S
 from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
 from specrun.decoding.estimates import Acceptance, Costs, Rate
 from specrun.decoding.policy import Policy, StepReport
@@ -35,11 +37,11 @@ class AutoPolicy(Policy):
     ) -> None:
         self.priors = priors
         self.draft_max = draft_max
-        # The n-gram drafter's longest match (--lookup-max): its acceptance buckets go up to it.
-        self.lookup_n_max = lookup_n_max
+        # (lookup_n_max, --lookup-max, is the lookup drafter's own business now: bucket())
+        del lookup_n_max
         self.lookup, self.model = lookup, model
         # Lookup's longest proposal (the suffix drafter's may exceed the draft model's K).
-        self.lookup_k = max(draft_max, int(getattr(lookup, "k_max", draft_max)))
+        self.lookup_k = max(draft_max, lookup.k_max if lookup is not None else 0)
         self.drafters = tuple(d for d in (lookup, model) if d is not None)
         self._measured: tuple[dict[int, float], float | None] = ({}, None)
         self._refine: Callable[[dict[int, tuple[float, int]]], None] | None = None
@@ -181,7 +183,14 @@ class AutoPolicy(Policy):
         )  # the prior as prior_n observations
         return w * self.costs.draft_step / t1 + (1.0 - w) * self.priors.draft_cost
 
-    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+    def draft(
+        self,
+        tokens: list[int],
+        k_cap: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> tuple[str, Proposal]:
         v = self.costs.verify_cost()
         self._since += 1
         k_model = min(k_cap, self.draft_max)  # k_cap may be lookup's longer cap
@@ -370,7 +379,7 @@ class AutoPolicy(Policy):
     def _observe_evidence(self) -> None:
         """The draft's last catch-up, row by row (``AutoPriors.evidence_weight``): each row where
         it was sure of the next token is a first-position proposal, hit or missed. Read once."""
-        ev = getattr(self.model, "last_evidence", None)
+        ev = self.model.last_evidence if self.model is not None else None
         w = self.priors.evidence_weight
         if not ev or w <= 0.0:
             return
@@ -468,12 +477,8 @@ class AutoPolicy(Policy):
     def _lookup_key(self) -> str:
         """Lookup's acceptance is estimated per match-length bucket: the suffix drafter's own
         buckets, else each n-gram length up to --lookup-max."""
-        bucket = getattr(self.lookup, "bucket", None)
-        if bucket is not None:
-            return f"lookup:{bucket()}"
-        index = getattr(self.lookup, "index", None)
-        n_max = index.n_max if index is not None else (self.lookup_n_max or defaults.LOOKUP_MAX)
-        return f"lookup:{max(1, min(getattr(self.lookup, 'last_match', 1), n_max))}"
+        assert self.lookup is not None
+        return f"lookup:{self.lookup.bucket()}"
 
     def observe(self, report: StepReport) -> None:
         """One step: the target's sureness (a stand-in for the draft's stop rate), the drafter's

@@ -30,8 +30,25 @@ class Proposal:
 EMPTY = Proposal([], None)
 
 
+class Store(Protocol):
+    """Earlier outputs a lookup drafter keeps across requests (suffix.SuffixStore)."""
+
+    def clear(self) -> None: ...
+
+
 class Drafter(Protocol):
+    """What the engine and the policies use of a drafter. The first five every drafter has
+    its own way; the rest are what ``auto`` and the engine read of a lookup drafter, with
+    defaults on ``BaseDrafter`` for a drafter that has nothing to say."""
+
     name: str
+    k_max: int  # its longest proposal; 0: no more than the policy's K (--draft-max)
+    last_match: int  # match length of its last proposal (0: none, or not a lookup drafter)
+
+    @property
+    def store(self) -> Store | None:
+        """Earlier outputs kept across requests (Engine.clear_store clears them)."""
+        ...
 
     def prefill(self, tokens: list[int]) -> int:
         """Get ready to draft after ``tokens``; return how many tokens had to be evaluated."""
@@ -52,11 +69,44 @@ class Drafter(Protocol):
 
     def reset(self) -> None: ...
 
+    def finish(self, tokens: list[int]) -> None:
+        """End of a generation: ``tokens`` is the whole text (a store takes its output)."""
+        ...
+
+    def fit(self, n_min: int, auto: bool) -> None:
+        """The shortest match (--lookup-min) and the rest of what a mode sets (``auto``)."""
+        ...
+
+    def bucket(self) -> str:
+        """The last proposal's match length as auto's pricing bucket ("lookup:" + this)."""
+        ...
+
+
+class BaseDrafter:
+    """Defaults of ``Drafter``'s optional members: nothing kept, nothing to fit, one bucket per
+    match length."""
+
+    k_max = 0
+    last_match = 0
+    store: Store | None = None
+
+    def rollback(self, valid_len: int) -> None:
+        """Nothing to undo (a drafter that only holds accepted tokens)."""
+
+    def finish(self, tokens: list[int]) -> None:
+        """Nothing to keep."""
+
+    def fit(self, n_min: int, auto: bool) -> None:
+        """Nothing varies by mode."""
+
+    def bucket(self) -> str:
+        return str(max(1, self.last_match))
+
 
 SKIPPED = -1  # a token the draft cache skipped (see DraftModel.propose's ``window``)
 
 
-class DraftModel:
+class DraftModel(BaseDrafter):
     """A small model with its own KV cache.
 
     Invariant: the draft cache holds ``tokens[:n_cached]`` of the engine's token list (less any

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from specrun.decoding import sampling as S
-from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.decoding.drafters import EMPTY, BaseDrafter, Proposal
 from specrun.errors import SpecrunError
 from specrun.paths import write_json_atomic
 
@@ -147,7 +147,7 @@ class NgramCache:
         write_json_atomic(self.path, data)
 
 
-class PromptLookup:
+class PromptLookup(BaseDrafter):
     """Drafter over the context's own n-grams (and, optionally, a persistent n-gram cache).
 
     Proposals are deterministic (``dists=None``): under sampling the engine accepts a proposed
@@ -172,6 +172,10 @@ class PromptLookup:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {self.index.n_max}")
         self.index.n_min = n_min
 
+    def bucket(self) -> str:
+        """Each match length up to --lookup-max on its own."""
+        return str(max(1, min(self.last_match, self.index.n_max)))
+
     def reset(self) -> None:
         self.index.reset()
 
@@ -194,9 +198,6 @@ class PromptLookup:
             n = self.cache.n if out else 0
         self.last_match = n
         return Proposal(out, None) if out else EMPTY
-
-    def rollback(self, valid_len: int) -> None:
-        """Nothing to undo: the index only ever holds accepted tokens."""
 
     def finish(self, tokens: list[int]) -> None:
         """End of a generation: fold its n-grams into the persistent cache and save it."""

@@ -44,6 +44,8 @@ class Policy:
         rng: np.random.Generator,
         greedy_draft: bool,
     ) -> tuple[str, Proposal]:
+        """The drafter that drafts this step ("none": plain decoding) and its proposal, of at
+        most ``k_cap`` tokens."""
         raise NotImplementedError
 
     def observe(self, report: StepReport) -> None:
@@ -86,13 +88,21 @@ class Policy:
 
     def finish(self, tokens: list[int]) -> None:
         for d in self.drafters:
-            fin = getattr(d, "finish", None)
-            if fin is not None:
-                fin(tokens)
+            d.finish(tokens)
+
+    def forget_lookup(self) -> None:
+        """The lookup store was cleared (Engine.clear_store): drop what was learnt of it."""
 
 
 class NoDraft(Policy):
-    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+    def draft(
+        self,
+        tokens: list[int],
+        k_cap: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> tuple[str, Proposal]:
         return "none", EMPTY
 
 
@@ -101,7 +111,14 @@ class FixedPolicy(Policy):
         self.drafter = drafter
         self.drafters = (drafter,)
 
-    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+    def draft(
+        self,
+        tokens: list[int],
+        k_cap: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> tuple[str, Proposal]:
         return self.drafter.name, self.drafter.propose(tokens, k_cap, params, rng, greedy_draft)
 
 
@@ -111,7 +128,14 @@ class HybridPolicy(Policy):
         self.drafters = (lookup, model)
         self.draft_max = draft_max  # the draft model's K (lookup may be allowed more)
 
-    def draft(self, tokens, k_cap, params, rng, greedy_draft):  # type: ignore[no-untyped-def]
+    def draft(
+        self,
+        tokens: list[int],
+        k_cap: int,
+        params: S.SamplingParams,
+        rng: np.random.Generator,
+        greedy_draft: bool,
+    ) -> tuple[str, Proposal]:
         prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
         if len(prop):
             return self.lookup.name, prop

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specrun.decoding import sampling as S
-from specrun.decoding.drafters import EMPTY, Proposal
+from specrun.decoding.drafters import EMPTY, BaseDrafter, Proposal
 from specrun.decoding.target import Target
 from specrun.errors import SpecrunError
 from specrun.paths import write_json_atomic
@@ -272,7 +272,7 @@ def vocab_key(model: Target) -> str:
     return f"{n}-{h.hexdigest()[:16]}"
 
 
-class SuffixLookup:
+class SuffixLookup(BaseDrafter):
     """The suffix drafter (``--mode lookup``, and lookup's part in ``hybrid`` and ``auto``).
 
     The current sequence's automaton holds only accepted tokens (the engine's token list), so a
@@ -282,6 +282,7 @@ class SuffixLookup:
     """
 
     name = "lookup"
+    store: SuffixStore
     K_MAX = 16  # longest proposal (the engine's cap for lookup: max(--draft-max, this))
     # Stop a walk where its path probability (the product of each step's count share) falls
     # below this (``min_prob``; the engine sets it by mode, ``fit``). Replayed over recorded
@@ -427,9 +428,6 @@ class SuffixLookup:
         while lo < 4 * b and m > 2 * lo:
             lo *= 2
         return f"{lo + 1}+" if lo >= 4 * b else f"{lo + 1}-{2 * lo}"
-
-    def rollback(self, valid_len: int) -> None:
-        """Nothing to undo: the automaton only ever holds accepted tokens."""
 
     def finish(self, tokens: list[int]) -> None:
         """End of a generation: its output joins the store (and the file, when one is kept)."""
