@@ -241,20 +241,16 @@ class Engine(Generic[M]):
     def _fit_lookup(self, mode: str) -> None:
         """The engine's one lookup drafter, made for another mode maybe (a server's requests
         change it): its shortest match and walk for this one."""
-        fit = getattr(self.lookup, "fit", None)
-        if fit is not None:
-            fit(self.config.min_match(mode), mode == "auto")
+        if self.lookup is not None:
+            self.lookup.fit(self.config.min_match(mode), mode == "auto")
 
     def clear_store(self) -> None:
         """Forget the lookup store of earlier outputs (kept across ``reset``, in memory; the
         file, if any, is rewritten only at the next generation's end), and auto's estimates of
         lookup's acceptance (kept across ``reset`` at a fraction of their weight)."""
-        store = getattr(self.lookup, "store", None)
-        if store is not None:
-            store.clear()
-        forget = getattr(self.policy, "forget_lookup", None)
-        if forget is not None:
-            forget()  # what auto learnt of lookup's acceptance goes with it
+        if self.lookup is not None and self.lookup.store is not None:
+            self.lookup.store.clear()
+        self.policy.forget_lookup()  # what auto learnt of lookup's acceptance goes with it
 
     def reset(self) -> None:
         """Forget both caches (bench: every run starts cold). The lookup store of earlier
