@@ -110,6 +110,9 @@ class FakeModel:
         return {"n_ctx": self.n_ctx, "n_batch": self.n_batch}
 
     # -- the cache ------------------------------------------------------------------------------
+    def prefill(self, tokens: Sequence[int], pos0: int) -> None:
+        self.decode(tokens, pos0)
+
     def decode(self, tokens: Sequence[int], pos0: int, logits_from: int | None = None) -> None:
         n = len(tokens)
         if n == 0:

@@ -82,6 +82,9 @@ class FakeTarget:
     def piece(self, t: int) -> bytes:
         return chr(t - 100).encode() if t >= 100 else b""
 
+    def prefill(self, tokens, pos0: int) -> None:
+        self.decode(tokens, pos0)
+
     def decode(self, tokens, pos0: int, logits_from: int | None = None) -> None:
         assert pos0 <= len(self.held), (pos0, len(self.held))
         del self.held[pos0:]

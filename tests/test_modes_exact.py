@@ -248,6 +248,9 @@ class MemoTarget:
     def cached(self) -> list[int]:
         return self.held
 
+    def prefill(self, tokens, pos0: int) -> None:
+        self.decode(tokens, pos0)
+
     def decode(self, tokens, pos0: int, logits_from: int | None = None) -> None:
         if not tokens:
             return

@@ -465,7 +465,7 @@ class Engine(Generic[M]):
         keep = min(_common_prefix(self.target.cached, tokens), len(tokens) - 1)
         self.target.truncate(keep)
         todo = tokens[keep:-1]
-        self.target.decode(todo, keep)
+        self.target.prefill(todo, keep)
         self.policy.prefill(tokens, defer_model)
         return len(todo)
 

@@ -47,6 +47,11 @@ class Target(Protocol):
         last row alone when None)."""
         ...
 
+    def prefill(self, tokens: Sequence[int], pos0: int) -> None:
+        """``decode`` without logits, for a prompt's tokens: evaluated alike by a speculative
+        run and a plain one, so an implementation may take faster, not row-exact, kernels."""
+        ...
+
     def logits(self, row: int) -> np.ndarray:
         """Row ``row`` of the last decode's logits (a view, valid until the next decode)."""
         ...

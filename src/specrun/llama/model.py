@@ -484,6 +484,21 @@ class Model:
                     view = self._out_views[n_out] = (addr, list(out.reshape(n_out, self.n_vocab)))
                 self._out_rows = view[1]
 
+    def prefill(self, tokens: Sequence[int], pos0: int) -> None:
+        """Evaluate a prompt's ``tokens`` (no logits) by the fastest kernels the build has
+        (llamafile's sgemm at any batch size): a prompt is evaluated alike whether or not the
+        run that follows speculates, so it need not be row-exact; verify passes and single rows
+        (``decode``) keep the row-exact kernels."""
+        setter = native.sgemm_setter() if len(tokens) > 1 else None
+        if setter is None:
+            self.decode(tokens, pos0)
+            return
+        setter(1)
+        try:
+            self.decode(tokens, pos0)
+        finally:
+            setter(-1)
+
     def _decode_rows(self, tokens: Sequence[int], pos0: int, logits_from: int | None) -> None:
         """``decode`` one row per llama_decode (``single_rows``); the rows asked for keep their
         logits (copied out when more than one, the last one a view as usual)."""

@@ -31,3 +31,19 @@ def top_prob() -> Callable[[np.ndarray], float] | None:
         return float(fn(x.__array_interface__["data"][0], x.shape[0]))
 
     return call
+
+
+@functools.cache
+def sgemm_setter() -> Callable[[int], None] | None:
+    """``set(rows)``: llamafile's sgemm for the next passes' batches of at least ``rows`` rows
+    (-1: the build's own bound, longer than any verify pass). None where the build lacks it
+    (patches/llama-cpp-python-0.3.36-sgemm-by-pass.patch)."""
+    try:
+        import llama_cpp as ll
+
+        fn = ll.llama_cpp._lib.specrun_set_sgemm_rows
+    except (AttributeError, ImportError, OSError):
+        return None
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int]
+    return fn  # type: ignore[no-any-return]
