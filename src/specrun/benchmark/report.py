@@ -30,6 +30,8 @@ class Row:
     per_position_acceptance: list[float]
     overhead_fraction: float
     tokens_per_second: float
+    prompt_tokens_per_second: float  # prompt tokens evaluated over the time to first token
+    first_token_seconds: float | None  # median time to first token over the runs
     identical: tuple[int, int]  # (identical, greedy runs compared)
     n_prompts: int
 
@@ -49,6 +51,8 @@ class Row:
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
             "overhead_fraction": round(self.overhead_fraction, 4),
             "tokens_per_second": round(self.tokens_per_second, 2),
+            "prompt_tokens_per_second": round(self.prompt_tokens_per_second, 2),
+            "first_token_seconds": round_or_none(self.first_token_seconds, 4),
             "identical": {"identical": self.identical[0], "compared": self.identical[1]},
             "prompts": self.n_prompts,
         }
@@ -86,6 +90,8 @@ def summarize(result: BenchResult) -> list[Row]:
         generated = sum(r.generated_tokens for r in runs)
         decode = sum(r.decode_seconds for r in runs)
         llama = sum(r.llama_seconds for r in runs)
+        prompt_n = sum(r.prefill_tokens for r in runs)
+        ttft_s = sum(r.first_token_seconds for r in runs)
         pos_d: list[int] = []
         pos_a: list[int] = []
         for r in runs:
@@ -113,6 +119,8 @@ def summarize(result: BenchResult) -> list[Row]:
                 ],
                 overhead_fraction=max(0.0, 1.0 - llama / decode) if decode > 0 else 0.0,
                 tokens_per_second=generated / decode if decode > 0 else 0.0,
+                prompt_tokens_per_second=prompt_n / ttft_s if ttft_s > 0 else 0.0,
+                first_token_seconds=statistics.median(r.first_token_seconds for r in runs),
                 identical=(sum(compared), len(compared)),
                 n_prompts=len(per_prompt),
             )
@@ -158,7 +166,8 @@ def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], 
     head = (
         ["mode", "K"]
         + [COLUMNS.get(c, c) for c in columns]
-        + ["overall", "predicted", "MAT", "accept", "overhead", "tok/s", "identical"]
+        + ["overall", "predicted", "MAT", "accept", "overhead", "tok/s", "prompt tok/s", "TTFT"]
+        + ["identical"]
     )
     body: list[list[str]] = []
     for r in rows:
@@ -180,6 +189,8 @@ def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], 
                 "-" if r.acceptance_rate is None else f"{100 * r.acceptance_rate:.0f}%",
                 f"{100 * r.overhead_fraction:.0f}%",
                 f"{r.tokens_per_second:.1f}",
+                f"{r.prompt_tokens_per_second:.0f}",
+                "-" if r.first_token_seconds is None else f"{1000 * r.first_token_seconds:.0f} ms",
                 same,
             ]
         )
@@ -189,7 +200,8 @@ def table_data(rows: Sequence[Row], columns: Sequence[str]) -> tuple[list[str], 
 CAPTION = (
     "speed-up = tok/s over the target alone on the same prompt (median over repeats, "
     "geometric mean over prompts); predicted = the cost model from measured acceptance "
-    "and pass times; MAT = tokens per target pass; overhead = decode time outside llama.cpp"
+    "and pass times; MAT = tokens per target pass; overhead = decode time outside llama.cpp; "
+    "prompt tok/s = prompt tokens evaluated over the time to first token (TTFT, median)"
 )
 
 

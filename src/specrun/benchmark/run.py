@@ -140,6 +140,8 @@ class Run:
     decode_seconds: float
     llama_seconds: float
     prefill_seconds: float
+    prefill_tokens: int
+    first_token_seconds: float
     acceptance_rate: float
     mean_accepted_length: float
     drafted: int
@@ -174,6 +176,7 @@ class Run:
             "decode_seconds",
             "llama_seconds",
             "prefill_seconds",
+            "first_token_seconds",
             "acceptance_rate",
             "mean_accepted_length",
             "overhead_fraction",
@@ -378,6 +381,8 @@ def _to_run(cfg: Config, eng: Engine, p: Prompt, turn: int, rep: int, res: Any) 
         decode_seconds=st.decode_seconds,
         llama_seconds=st.llama_seconds,
         prefill_seconds=st.prefill_seconds,
+        prefill_tokens=st.prefill_tokens,
+        first_token_seconds=st.first_token_seconds,
         acceptance_rate=st.acceptance_rate,
         mean_accepted_length=st.mean_accepted_length,
         drafted=st.drafted,

@@ -411,6 +411,8 @@ class Engine(Generic[M]):
                 if step_probs is not None and run.probs is not None:
                     run.probs += step_probs
                 if out_tokens:
+                    if not st.first_token_seconds:  # the prompt and the first pass: TTFT
+                        st.first_token_seconds = time.perf_counter() - t0
                     yield Step(
                         out_tokens, flags, "".join(text_parts), name, k_used, n_acc, st, step_probs
                     )

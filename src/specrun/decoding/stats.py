@@ -17,6 +17,7 @@ class SpecStats:
     histogram: list[int] = field(default_factory=list)  # [n] = passes that accepted n drafts
     prefill_seconds: float = 0.0
     prefill_tokens: int = 0
+    first_token_seconds: float = 0.0  # from the call to the first token out (time to first token)
     decode_seconds: float = 0.0
     llama_seconds: float = 0.0
     modes_used: Counter[str] = field(default_factory=Counter)
@@ -106,5 +107,6 @@ class SpecStats:
             else 0.0,
             "tokens_per_second": round(self.tokens_per_second, 2),
             "prefill_tokens": self.prefill_tokens,
+            "first_token_seconds": round(self.first_token_seconds, 4),
             "modes_used": dict(sorted(self.modes_used.items())),
         }
