@@ -85,7 +85,10 @@ def load_engine(opts: Any, streams: Streams) -> session.Loaded:
     registry = Registry.load(verbose=opts.verbose)
     progress = pull_progress(streams.stderr_tty)
     try:
-        plan = session.plan(opts, registry, progress=progress)
+        # The first run of a target with no draft probes the drafts found on disk (seconds):
+        # said on a terminal, one line a step (pull progress may hold the live display).
+        say = (lambda m: print(f"specrun: {m}", file=sys.stderr)) if streams.stderr_tty else None
+        plan = session.plan(opts, registry, progress=progress, status=say)
     finally:
         if progress is not None:
             progress.close()
