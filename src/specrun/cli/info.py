@@ -170,6 +170,11 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
             "notes": notes,
         },
     }
+    from specrun.llama.backend import gpu_free_memory
+    from specrun.models.memory import fit_ctx
+
+    # serve's context when --ctx is not given: the trained one, fitted to free memory.
+    out["ctx_fit"] = fit_ctx(planned, mem.available + (gpu_free_memory() or 0)).to_dict()
     from specrun.chat_template import describe_template
 
     given = opts.template_source()
@@ -358,6 +363,16 @@ def render_text(
     )
     for n in mm["notes"]:
         lines.append(f"          {n}")
+    fit = models.get("ctx_fit")
+    if fit:
+        lines.append(
+            f"context   trained {fit['trained']}; serve without --ctx: {fit['n_ctx']}"
+            + (
+                f" (the trained context needs more than {_gib(fit['budget'])} of free memory)"
+                if fit["reduced"]
+                else f" ({_gib(fit['need'])}, fits in free memory)"
+            )
+        )
     if "compatible" in models:
         if models["compatible"]:
             lines.append(

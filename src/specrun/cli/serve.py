@@ -8,12 +8,17 @@ import typer
 
 from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 
+# What a request without them samples with: llama-server's defaults (OpenAI's clients expect
+# sampling, not greedy decoding, when they leave temperature out). --temp 0 makes it greedy.
+SERVE_SAMPLING = {"temp": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
 
 def register(app: typer.Typer) -> None:
     @app.command(short_help="An OpenAI-compatible HTTP server over the same engine.")
-    @sampling_options()
+    @sampling_options(**SERVE_SAMPLING)
     @model_options()
     def serve(
+        click_ctx: typer.Context,
         host: Annotated[
             str,
             typer.Option(
@@ -69,7 +74,10 @@ def register(app: typer.Typer) -> None:
         params: Any = None,
     ) -> None:
         """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,
-        /health, /metrics). Request fields the CLI's sampling options name default to them."""
+        /health, /metrics, and llama-server's /completion, /infill...). Request fields the CLI's
+        sampling options name default to them (llama-server's values: temperature 0.8, top-k 40,
+        top-p 0.95, min-p 0.05). Without --ctx the context is the target's trained one, fitted
+        to the free memory (specrun info shows the fit)."""
         from specrun.chat_template import parse_kwargs
         from specrun.errors import UsageError
         from specrun.server import serve as run
@@ -80,6 +88,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--queue must be >= 1, got {queue}")
         if cache_ram < -1:
             raise UsageError(f"--cache-ram must be -1 (no limit), 0 (off) or MiB, got {cache_ram}")
+        if not _given(click_ctx, "ctx"):
+            opts = _fit_context(opts)
         run(
             opts,
             params,
@@ -91,3 +101,26 @@ def register(app: typer.Typer) -> None:
             cache_ram=cache_ram,
             template_kwargs=parse_kwargs(template_kwargs, template=opts.template_source()),
         )
+
+
+def _given(click_ctx: Any, name: str) -> bool:
+    """Whether the option was set on the command line or in the environment (its -c/--ctx-size
+    spellings included), not left at its default."""
+    for n in (name, f"alias_{name}"):
+        src = click_ctx.get_parameter_source(n) if click_ctx is not None else None
+        if src is not None and getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP"):
+            return True
+    return False
+
+
+def _fit_context(opts: Any) -> Any:
+    """The target's trained context where it fits in free memory, else the most that does
+    (models/memory.py's estimate); the default context where the models cannot be read yet."""
+    from dataclasses import replace
+
+    from specrun.models.memory import fit_for_options
+
+    fit = fit_for_options(opts)
+    if fit is None:
+        return opts
+    return replace(opts, ctx=fit.n_ctx)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from specrun.errors import ModelError, UsageError
 from specrun.llama.gguf import GGUFInfo, OmittedValue, matrix_bytes
@@ -410,8 +411,57 @@ def plan_memory(
     return out, notes
 
 
+FIT_STEP = 256  # a fitted context is a multiple of this
+FIT_MIN = 512
+FIT_SHARE = 0.85  # of the free memory a fitted context may take (the rest: the OS, other users)
+
+
+@dataclass(frozen=True)
+class CtxFit:
+    """The context a server gets when none is asked for: the target's trained context, or less
+    where that does not fit in free memory (llama-server's --fit)."""
+
+    n_ctx: int
+    trained: int
+    budget: int  # bytes the models may take
+    need: int  # bytes they take at n_ctx
+
+    @property
+    def reduced(self) -> bool:
+        return self.n_ctx < self.trained
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return {**asdict(self), "reduced": self.reduced}
+
+
+def fit_ctx(planned: list[Planned], free: int, fallback: int = 4096) -> CtxFit:
+    """The largest context, at most the target's trained one (``planned[0]``), for which every
+    model of the plan (the draft at the same context, as when --ctx-draft is not given) fits in
+    ``FIT_SHARE`` of ``free`` bytes (RAM available plus the free GPU memory the plan offloads
+    to). A model whose trained context is unknown gets ``fallback``; at worst ``FIT_MIN``."""
+    trained = planned[0].shape.n_ctx_train or fallback
+    budget = int(free * FIT_SHARE)
+
+    def need(n_ctx: int) -> int:
+        return sum(estimate(p.shape, replace(p.placement, n_ctx=n_ctx)).total for p in planned)
+
+    if need(trained) <= budget:
+        return CtxFit(trained, trained, budget, need(trained))
+    lo, hi = FIT_MIN // FIT_STEP, max(FIT_MIN, trained) // FIT_STEP
+    while lo < hi:  # the largest multiple of FIT_STEP that fits
+        mid = (lo + hi + 1) // 2
+        if need(mid * FIT_STEP) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    n = min(trained, lo * FIT_STEP)
+    return CtxFit(n, trained, budget, need(n))
+
+
 __all__ = [
     "CACHE_TYPES",
+    "CtxFit",
+    "fit_ctx",
     "Estimate",
     "HostMemory",
     "ModelShape",
@@ -427,3 +477,21 @@ __all__ = [
     "plan_memory",
     "Planned",
 ]
+
+
+def fit_for_options(opts: Any) -> CtxFit | None:
+    """``fit_ctx`` for the model or pair that ``opts`` (a session.ModelOptions) names, from their
+    GGUF metadata, nothing loaded or pulled; None where they cannot be read yet (a registry model
+    not pulled: the caller keeps its default context)."""
+    from specrun import session as loader
+    from specrun.errors import SpecrunError
+    from specrun.llama.backend import gpu_free_memory
+    from specrun.models.registry import Registry
+
+    try:
+        p = loader.plan(opts, Registry.load(verbose=False), pull=False)
+        infos = [loader._prevalidate(r.path) for r in (p.target, p.draft) if r is not None]
+        planned, _ = loader.memory_plan(p, replace(opts, mem_check=False), infos)
+    except (SpecrunError, OSError):
+        return None
+    return fit_ctx(planned, host_memory().available + (gpu_free_memory() or 0))
