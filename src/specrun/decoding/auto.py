@@ -1,11 +1,54 @@
-"""``AutoPolicy``: before each step, the drafter and K that maximise expected tokens per second
-by the cost model (costmodel.py), from running estimates (estimates.py) of per-position
-acceptance (per drafter, and per match length for lookup), of how often the draft model stops
-under --draft-p-min, and of the costs measured online (target pass time as a function of rows,
-draft step time, draft catch-up rows). K = 0 (plain decoding) when nothing pays; the draft
-model, when it does not pay, is re-tried now and then, with a backoff, so that it is found again
-when it starts paying; lookup's proposals not taken are scored for free. Its priors and rates:
-priors.py.
+"""``AutoPolicy``: the ``auto`` mode.
+
+The rule: before each step, auto prices every choice it has with the cost model (costmodel.py):
+the draft model at each K up to --draft-max and the lookup drafter's proposal at each K up to its
+length, each as expected tokens per pass over the pass's cost, from running estimates
+(estimates.py) of each drafter's per-position acceptance (lookup's per match-length bucket), of
+how often the draft model stops under --draft-p-min, and of what a target pass of n rows and a
+draft step cost (seeded by calibration, then measured); it takes the best, or plain decoding
+(K = 0) where nothing is predicted to pay ``margin``, and after the step updates the estimates
+from what the step did. Its priors and rates are an ``AutoPriors`` (priors.py); the evidence
+for each refinement and value below is in docs/auto.md, with the replay that ablates them.
+
+Refinements, by name (what each buys):
+
+- cold start: a new text forgets the last one's estimates, so that one text's verdict on the
+  draft model (a story's) does not keep it off the next (code).
+- lookup carry: ... but keeps ``lookup_carry`` of lookup's, as the store is kept (chat turns,
+  repeated tasks: the next request is often of the same kind).
+- lookup scored in full: every lookup proposal, taken or not, is scored against the tokens the
+  steps commit until its first miss, so lookup is never re-tried and its deep positions are
+  measured rather than borrowed from the first.
+- pooled lookup prior: a match length seldom seen borrows the other lengths' rate on this text.
+- lookup priced with the catch-up: while the draft model pays, each token lookup gets accepted
+  costs the draft a catch-up row later.
+- first probe and backoff: the draft model, when not chosen, is re-tried (K <= 2) once at the
+  start and then every ``probe_min`` steps, backing off to ``probe_max``: an estimate moves only
+  when its drafter runs.
+- re-try bar: only where a draft accepted whole would pay ``probe_bar`` (a re-try costs about a
+  target step).
+- re-try after a sure step: under --draft-p-min only right after a plain step whose target was
+  sure, where the draft is likely to propose at all.
+- bursts: a re-try accepted whole re-tries at once; one that proposes nothing ends the burst; a
+  re-try resets the backoff only when it now beats what it displaced.
+- re-try window: a re-try catches up on at most ``probe_window`` unseen tokens
+  (``probe_window_single`` where the draft decodes row by row).
+- catch-up window and price: a draft chosen after another drafter's stretch catches up on at
+  most ``catch_up_window`` tokens, and the catch-up owed is priced over ``catch_up_horizon``
+  steps.
+- catch-up evidence: each catch-up row the draft was sure at counts as a first-position try
+  (``evidence_weight``), so two early misses no longer lose the draft where it pays.
+- stop and go-on rates: the draft's stops under --draft-p-min, at its first position and past
+  later ones, from its attempts and, for free, from the target's sureness on plain and lookup
+  steps; a slower copy of the first gates re-tries.
+- declined draft as a stop: an attempt that proposed nothing is a stop at the first position,
+  neither plain decoding (the draft then looked free) nor a rejection.
+- catch-up priced apart: a draft step is priced from single-row decodes, a catch-up's rows
+  apart (lookup is priced with those).
+- deferred prompt: the draft model reads the prompt only where it could pay at all (time to
+  first token).
+- skipped work: where the draft model cannot run, it is neither priced nor is the target's
+  sureness read (~1% of a step).
 """
 
 from __future__ import annotations
@@ -72,13 +115,10 @@ class AutoPolicy(Policy):
             self.costs.draft_n = self.priors.seen_weight
 
     def reset(self) -> None:
-        """A cold start (Engine.reset: a new text): forget what was learnt too, or the estimates
-        of one text steer the next (a story's hopeless draft estimate kept auto from drafting on
-        the code prompt benchmarked after it: 1.02x vs the draft's 1.49x). Lookup's acceptance
-        estimates are kept at a fraction of their weight (``AutoPriors.lookup_carry``), as the
-        lookup store is: they cost nothing to correct (a declined proposal is scored against the
-        tokens the step produced), and the next request of one process is often of the same kind
-        (chat turns, repeated tasks). ``forget_lookup`` drops them with the store."""
+        """A cold start (Engine.reset: a new text; "cold start"): forget what was learnt too.
+        Lookup's acceptance estimates are kept at ``lookup_carry`` of their weight ("lookup
+        carry"), as the lookup store is: they cost nothing to correct. ``forget_lookup`` drops
+        them with the store."""
         super().reset()
         kept = {k: a for k, a in self.acc.items() if k.startswith("lookup")}
         self._fresh()
@@ -99,9 +139,7 @@ class AutoPolicy(Policy):
         auto does not re-try it, nor, with its acceptance unmeasured (the prior's 0.6), choose
         it, and its prefill would be time before the first token for nothing. A draft asked
         later all the same (the costs moved) catches up then (DraftModel.propose, windowed).
-        SmolLM2-135M Q4_K_M target, Q4_0 draft on a 2-core Intel Xeon with AMX (the draft's
-        prefill row by row, 2.8 ms a token): a 327-token prompt took 1.25 s before the first
-        token under auto, 0.60 s under plain decoding."""
+        ("deferred prompt")"""
         if self.lookup is not None:
             self.lookup.prefill(tokens)
         if self.model is not None:
@@ -125,23 +163,15 @@ class AutoPolicy(Policy):
         pr = self.priors
         self.costs = Costs(alpha=pr.cost_alpha, slope=pr.verify_slope)
         self._seed_costs()
-        # How often the draft model stops at its first token, unsure (--draft-p-min): from its
-        # own attempts, and on plain and lookup steps from the target's confidence, a free
-        # stand-in (SmolLM2 at 0.6: the target was that sure on 88% of the code prompts' tokens,
-        # 41% of a story's).
+        # "stop and go-on rates": how often the draft model stops at its first token, unsure
+        # (--draft-p-min), from its own attempts and, on plain and lookup steps, from the
+        # target's confidence, a free stand-in.
         self.stop = Rate(pr.stop, alpha=pr.stop_alpha, prior_n=pr.prior_n)
-        # The same, slower, for the probe gate only (probe_bar). On a story (the target sure at
-        # 41% of positions) the fast estimate's noise (sd ~0.14 at alpha 0.15) dipped it far
-        # enough, now and then, for a perfect draft to look like it would pay 15%, and each such
-        # probe cost a catch-up (25-37 ms, about a target step; 2-3 per 128 tokens).
+        # The same, slower, for the re-try gate only (probe_bar): the fast one's noise let a
+        # perfect draft look like it would pay now and then, and each such re-try cost a catch-up.
         self.stop_slow = Rate(pr.stop, alpha=pr.stop_slow_alpha, prior_n=pr.prior_n)
-        # How often it goes on past a position once it has proposed the token before: sureness
-        # comes in stretches (on code the target was sure after a sure token 91-94% of the time,
-        # 47-71% after an unsure one; on a story 40% and 43%), so one stop rate for every
-        # position undervalued the draft where code alternates with prose (a Stack class's
-        # docstrings: five unsure tokens in a row, and auto left the draft model, which went on to
-        # propose 4/4, 3/3, 1/1, 4/4, for lookup's 2-token guesses). From the draft's attempts
-        # and from consecutive plain steps (the target's sureness after a sure token).
+        # How often it goes on past a position once it has proposed the one before (sureness
+        # comes in stretches): from the draft's attempts and from consecutive plain steps.
         self.go_on = Rate(pr.go_on, alpha=pr.stop_alpha, prior_n=pr.prior_n)
         self._prev_sure = False  # the last step was plain and its target sure
         self._asked = 0  # the K the draft model was last asked for
@@ -208,16 +238,7 @@ class AutoPolicy(Policy):
             prop = self.lookup.propose(tokens, k_cap, params, rng, greedy_draft)
             if len(prop):
                 lookup_prop, lookup_key = prop, self._lookup_key()
-                # While the draft model pays, every token lookup gets accepted is one the draft
-                # model must catch up on later: lookup is not free then (code: auto took lookup's
-                # 2-token matches over a draft right 98% of the time, 1.12x vs 1.47x), until the
-                # draft is a catch-up window behind (it skips the rest).
-                behind = (
-                    best[1] == "draft"
-                    and self.model is not None
-                    and len(tokens) - self.model.n_cached < self.priors.catch_up_window
-                )
-                extra = self._catch_up_c() if behind else 0.0
+                extra = self._lookup_busy_c(tokens, best[1])
                 acc = self._acc(lookup_key)
                 acc.prior = self._lookup_prior(lookup_key)
                 k, s = costmodel.best_k(acc.estimate(), 0.0, v, len(prop), per_accepted=extra)
@@ -227,27 +248,14 @@ class AutoPolicy(Policy):
         s, key, k, prop_ready = best
         self._rival_s = s
         window = self.priors.catch_up_window
-        # Re-probing. An estimate only moves when its drafter runs, so the draft model, when it
-        # is not chosen, is tried now and then, with a backoff. Lookup needs no re-try: its
-        # proposal costs nothing, and one not taken is scored against the tokens the step
-        # produces (_observe_tokens), whatever ran instead. (Re-trying it with 2-token proposals
-        # while the draft model ran cost a draft step each, and a lucky 2/2 began a burst: on code
-        # auto came to 0.935 of the draft alone in model time, 0.957 with scoring instead; on a
-        # Stack class 0.916 and 0.963.)
-        #
-        # Only just after a plain step whose target was sure (at --draft-p-min) when the draft
-        # stops where it is unsure: a re-try at a position the smaller model is not sure of
-        # proposes nothing and still pays its catch-up (~1.3% of an F16 summary's run each),
-        # and one that gets nothing ends its burst, so the draft was often left unfound where it
-        # pays. After a sure token the next is sure 40-94% of the time (go_on). One process, the
-        # builtin turns alternating 10 times, medians of the ratio to plain decoding: F32 pair
-        # code 1.02x -> 1.16x, RAG 1.67x -> 1.96x, summary 0.971x -> 0.965x; F16 summary
-        # 0.963x -> 0.973x, RAG 1.44x -> 1.50x, code 0.990x -> 0.986x.
+        # Re-tries ("first probe and backoff", "re-try bar", "re-try after a sure step"): the
+        # draft model's estimates move only when it runs. Lookup needs none: a proposal not taken
+        # is scored against the tokens the steps commit (_observe_tokens).
         if (
             self.model is not None
             and key == "none"
             and self._draft_may_run_now
-            and (self._prev_sure or self.model.p_min <= 0.0)
+            and self._sure_now()
             and self._since >= self._probe_every
             and self._draft_best(v, k_model, sure=True)[1] > self.priors.probe_bar
         ):
@@ -268,8 +276,7 @@ class AutoPolicy(Policy):
         self._since = 0
         assert self.model is not None
         if self._longer and s > 0:
-            # Positions past the chosen K are only learnt by drafting them: after a draft that
-            # was accepted whole, draft one more (as adaptive-K heuristics do).
+            # "one further": positions past the chosen K are only learnt by drafting them.
             k = min(k + 1, k_model)
         self._asked = k
         return "draft", self.model.propose(
@@ -282,17 +289,30 @@ class AutoPolicy(Policy):
             evidence=self.priors.evidence_weight > 0.0,
         )
 
+    def _lookup_busy_c(self, tokens: list[int], best: str) -> float:
+        """What each token lookup gets accepted costs later, relative to a target step: a
+        catch-up row of the draft model, while the draft model is the best choice and less than
+        a catch-up window behind (it skips the rest); else nothing."""
+        behind = (
+            best == "draft"
+            and self.model is not None
+            and len(tokens) - self.model.n_cached < self.priors.catch_up_window
+        )
+        return self._catch_up_c() if behind else 0.0
+
+    def _sure_now(self) -> bool:
+        """Whether a re-try may come now: right after a plain step whose target was sure at
+        --draft-p-min (where the draft mostly stops, a re-try proposes nothing)."""
+        assert self.model is not None
+        return self._prev_sure or self.model.p_min <= 0.0
+
     def _draft_could_run(self, v: costmodel.VerifyCost, k: int) -> bool:
         """Whether the draft model can run this step, by upper bounds of what decides it: a
         re-try needs a draft accepted whole that never stopped to clear ``probe_bar``; a choice
         needs ``_draft_best`` to beat the margin, and that is at most what its acceptance
         estimate would make of a draft that never stopped (stops and a catch-up owed only lower
         it), an estimate that moves only when the draft runs. Where neither can, the draft model
-        is not priced and the target's sureness goes unread (``confidence_p``). (Gated on the
-        perfect draft beating the margin alone, a Q8_0 target with a Q4_0 draft on a 2-core
-        Intel Xeon with AMX, where a perfect draft makes 1.1-1.25x and the re-try bar is 1.3,
-        priced the draft on 2/3 of its steps and read the target's sureness on half, 50 us
-        each: ~1% of its 6 ms steps, for a draft that never ran.)"""
+        is not priced and the target's sureness goes unread (``confidence_p``; "skipped work")."""
         if self.model is None or k <= 0:
             return False
         c = self._draft_c()
@@ -314,12 +334,9 @@ class AutoPolicy(Policy):
         return may
 
     def _lookup_prior(self, key: str) -> float:
-        """The prior of a match length's acceptance: its base prior, pooled with what the other
-        match lengths have shown on this text (counted as they are, the base as prior_n
-        observations). A length seldom matched learns from the others: on QA over a passage,
-        fresh 1- and 2-token matches had been drafted at K = 2-3 from the generic priors while
-        every length was right ~90% of the time. In model time, K <= 4: QA 2.38x -> 2.53x, a
-        summary 2.09x -> 2.31x, a Stack class 1.30x -> 1.36x, the story 0.990x either way."""
+        """The prior of a match length's acceptance ("pooled lookup prior"): its base prior,
+        pooled with what the other match lengths have shown on this text (counted as they are,
+        the base as prior_n observations)."""
         base = self.priors.accept_prior(key)
         h = n = 0.0
         for other, a in self.acc.items():
@@ -363,11 +380,10 @@ class AutoPolicy(Policy):
     def _observe_draft(self, steps: int, draft_s: float) -> None:
         """The draft's time for the step, less a catch-up: a draft step costs one decode per
         drafted token, and a catch-up after a stretch without the draft is a one-off, not the
-        draft's price. The catch-up's last row is the first step, but a row of a batch costs
-        less than a row alone, so a step is priced from the single-row decodes after the batch
-        only. (Priced as a batch's average row, the first step made a draft step look 30%
-        cheaper than it is: F16 target, Q4_0 draft, 3.3-3.8 ms against 5-6 ms a decode.) The
-        catch-up's own cost per row is kept apart (lookup is priced with it)."""
+        draft's price ("catch-up priced apart"). The catch-up's last row is the first step, but a
+        row of a batch costs less than a row alone, so a step is priced from the single-row
+        decodes after the batch only. The catch-up's own cost per row is kept apart (lookup is
+        priced with it)."""
         rows, secs = self.model.last_catch_up if self.model is not None else (0, 0.0)
         self.costs.observe_catch_up(rows, secs)
         self._observe_evidence()
@@ -397,13 +413,8 @@ class AutoPolicy(Policy):
         takes (greedy: exactly what the target would have accepted; sampled: each position is
         accepted with the probability the target gives the proposed token, which is also the
         chance that it samples that token, so the estimate stays unbiased). Whatever ran:
-        plain decoding, the draft model, or lookup itself.
-
-        Why all of it: scored only as far as the step went, a declined proposal said nothing
-        past its first token (a plain step commits one), and deep positions borrowed that
-        token's rate. On summaries a match's first token was right about half the time and its
-        second seldom (the model goes on in its own words), so a lucky first token priced a
-        2-token bet at 1.16x, and it lost (Q4_K_M target, V(3) 1.69)."""
+        plain decoding, the draft model, or lookup itself ("lookup scored in full": scored only
+        as far as the step went, deep positions borrowed the first's rate)."""
         if not self._pending or not tokens:
             return
         keep = []
@@ -435,8 +446,7 @@ class AutoPolicy(Policy):
         """--draft-p-min: plain steps report the target's confidence at it. 0 (nothing to learn)
         where the draft never stops early, and while the draft model cannot run this step
         (``_draft_could_run``: the stop rates can only lower its price then, so no choice
-        depends on them): the check reads the whole vocabulary's logits, 0.1-0.2 ms a step, 1-2%
-        of a 10-14 ms F16 step on a pair whose draft model cannot pay on this CPU."""
+        depends on them): the check reads the whole vocabulary's logits ("skipped work")."""
         if self.model is None or not self._draft_may_run_now:
             return 0.0
         return self.model.p_min
@@ -453,9 +463,9 @@ class AutoPolicy(Policy):
     def _observe_declined(self, name: str, draft_s: float) -> None:
         """A draft attempt that proposed nothing: it cost a draft step and the step decoded
         plainly. Counted as a stop at the first position, which the cost model prices (costmodel.
-        speedups), not as plain decoding (a rarely-sure draft then looked free: story
-        0.92x) nor as a rejection (an unsure start then sank the draft's acceptance on code it
-        drafts at 0.98: auto 1.12x vs the draft's 1.47x)."""
+        speedups), not as plain decoding (a rarely-sure draft then looked free) nor as a
+        rejection (an unsure start then sank the draft's acceptance): "declined draft as a
+        stop"."""
         if name != "draft":
             return
         self._stopped(True)
@@ -468,9 +478,8 @@ class AutoPolicy(Policy):
         self.stop_slow.update(hit)
 
     def _end_burst(self) -> None:
-        """A re-try that got nothing ends a burst of re-tries (_observe_step, after a fully accepted
-        draft): on a story, lucky 1/1 and 2/2 re-tries were followed by a run that proposed
-        nothing, each paying a catch-up (declined re-tries: 6.7% of the run)."""
+        """A re-try that got nothing ends a burst of re-tries ("bursts"; _observe_step, after a
+        fully accepted draft)."""
         if self._probing:
             self._probe_every = max(self._probe_every, self.priors.probe_min)
 
@@ -506,16 +515,15 @@ class AutoPolicy(Policy):
         acc.update(k, n_accepted)
         stopped = k < self._asked
         # A draft that stopped under --draft-p-min decoded its last proposal too, to find its
-        # next one unsure: k + 1 draft steps (as the cost model prices it). Divided by k, 1-token
-        # drafts priced the draft at c = 0.43 on a code prompt where it costs 0.30.
+        # next one unsure: k + 1 draft steps (as the cost model prices it).
         self._observe_draft(k + 1 if stopped else k, draft_s)
         self._stopped(False)  # it proposed its first token
         for _ in range(k - 1):
             self.go_on.update(True)
         if stopped:
             self.go_on.update(False)
-        # A fully accepted draft re-tries at once (a burst that quickly corrects a stale,
-        # pessimistic estimate); one that would have paid resets the backoff.
+        # "bursts": a fully accepted draft re-tries at once (a stale, pessimistic estimate is
+        # corrected quickly); one that would have paid resets the backoff.
         if n_accepted == k:
             self._probe_every = 1
             return

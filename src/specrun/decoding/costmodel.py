@@ -13,17 +13,14 @@ Units: time is measured in "target tokens", the cost of one plain target decode 
   proposes its first token with probability ``go`` and, having proposed one, goes on past each
   later position with probability ``go_on`` (default ``go``): an attempt of K proposes j < K
   tokens with probability (1 - go) for j = 0 (a step that decodes plainly after one draft step)
-  and go * go_on^(j-1) * (1 - go_on) for 0 < j < K. (Sureness comes in stretches: on code the
-  target was sure after a sure token 91-94% of the time, after an unsure one 47-71%.) Each
+  and go * go_on^(j-1) * (1 - go_on) for 0 < j < K (sureness comes in stretches). Each
   length j costs its own draft steps (j + 1, or K when whole) and a pass over j + 1 rows, and
   yields ``1 + sum(cum_acc[:j])`` tokens; ``per_accepted`` adds a later cost per accepted draft
   token (a draft model catching up on tokens another drafter proposed), ``fixed`` a cost every
   attempt pays (a share of a pending catch-up).
 - A draft model never decodes its own last proposal within the attempt (nothing follows it);
   when all K are accepted it decodes it at the next step's catch-up, so an attempt accepted
-  whole costs one draft step more: ``c * cum_acc[K-1]`` in expectation. (Left out, a K = 4
-  draft was priced at 4 draft steps where it costs 5 whenever it is right, as on code, where
-  it is right 98% of the time.)
+  whole costs one draft step more: ``c * cum_acc[K-1]`` in expectation.
 """
 
 from __future__ import annotations
@@ -68,8 +65,8 @@ def speedups(
     an attempt of K proposes its first token with probability ``go`` and goes on past each later
     one with probability ``go_on`` (see the module's notes). An attempt of K and one of K + 1
     share every outcome that stops before K, so their sums are kept as running prefixes: V(n) is
-    asked once per n, and the whole list costs what one attempt of k_max did (auto prices K =
-    1..8 before every step; one K at a time was ~2% of a 10 ms F16 step)."""
+    asked once per n, and the whole list costs what one attempt of k_max did (auto prices every
+    K before every step)."""
     k_max = min(k_max, len(cum_acc))
     if go_on is None:
         go_on = go
@@ -116,8 +113,7 @@ def best_k(
 def perfect_best(c: float, verify_cost: VerifyCost, k_max: int) -> float:
     """``best_k([1.0] * k_max, c, verify_cost, k_max)[1]`` in closed form, the same floats: a draft
     that never stops and is always accepted yields K + 1 tokens for c (K + 1) + V(K + 1) (its last
-    proposal decoded at the next catch-up). Auto asks it every step (its perfect-draft gate), where
-    the general loop cost three times as much (3.7 against 1.2 us, K = 4)."""
+    proposal decoded at the next catch-up). Auto asks it every step (its perfect-draft gate)."""
     best = 1.0 / verify_cost(1)
     for k in range(1, k_max + 1):
         s = (k + 1) / (c * (k + 1) + verify_cost(k + 1))

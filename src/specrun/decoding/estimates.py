@@ -20,12 +20,8 @@ class Acceptance:
     itself shrunk toward the prior. ``cum[i]`` is the product of the rates of positions 0..i
     (monotone by construction). Counts decay (an EMA in count form, ``alpha`` per draft, every
     position, reached or not) so that a change of text is tracked: deep positions that a run of
-    early rejections no longer reaches must not keep vouching for the others.
-
-    Why: per-position EMAs of the cumulative rate, each from a geometric 0.6 prior, needed ~20
-    steps on a code prompt before the deep positions believed a draft the target accepted 98%
-    of the time, and auto drafted K = 2-3 meanwhile (53 target passes for 128 tokens against
-    the fixed K = 4's 37).
+    early rejections no longer reaches must not keep vouching for the others. (Per-position
+    EMAs of the cumulative rate learnt far slower: docs/auto.md, ``accept_alpha``.)
     """
 
     def __init__(
@@ -120,7 +116,6 @@ class Costs:
     slope: float = PRIORS.verify_slope  # V(n)'s slope until two sizes are measured
     # verify_cost()'s answer, kept while V(n) stands: a one-row pass moves every size alike
     # (observe_verify), so only a pass of more rows, a size first seen, or seeding changes it.
-    # Rebuilt every step it was 13 us, ~0.2% of a 6 ms Q8_0 step (AMX, 2-core Intel Xeon).
     _v: costmodel.VerifyCost | None = field(default=None, init=False, repr=False)
 
     def seed(self, verify: dict[int, float]) -> None:
@@ -142,9 +137,7 @@ class Costs:
             # The machine's pace moves a pass of every size alike (a busy neighbour, the clock, a
             # longer context): passes of more rows, seen seldom (some only at calibration), keep
             # their ratio to one row, V(n), rather than seconds from when one row took other
-            # time. Left as seconds, one row drifting from 12.2 to 14 ms (a shared 2-core EPYC,
-            # an F16 target) priced V(3) 1.82 -> 1.57 and V(9) 3.25 -> 2.82, and auto bet on a
-            # draft model whose passes had not got cheaper (code: 0.95x of plain decoding).
+            # time (left as seconds, a drifting row made batches look cheaper than they are).
             scale = new / old
             for r in self.verify:
                 if r != 1:
@@ -158,9 +151,8 @@ class Costs:
             return
         per = seconds / steps
         self.draft_n += 1
-        # A plain average over the first observations, then an EMA: one early draft step took
-        # 42 ms against 5-9 ms later (cause not isolated), and as the whole estimate it priced
-        # the draft model out for the rest of the run.
+        # A plain average over the first observations, then an EMA: one slow early step must
+        # not price the draft model out for the rest of the run.
         w = max(self.alpha, 1.0 / self.draft_n)
         self.draft_step = (
             per if self.draft_step is None else self.draft_step + w * (per - self.draft_step)

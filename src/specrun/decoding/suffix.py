@@ -285,18 +285,9 @@ class SuffixLookup(BaseDrafter):
     store: SuffixStore
     K_MAX = 16  # longest proposal (the engine's cap for lookup: max(--draft-max, this))
     # Stop a walk where its path probability (the product of each step's count share) falls
-    # below this (``min_prob``; the engine sets it by mode, ``fit``). Replayed over recorded
-    # greedy runs of the default pair (bench/suffix_sim.py, 16 workloads), geo-means of the
-    # speed-up, at a 2-core Zen 3's V(n) (F16 / Q4_K_M / F32: as in defaults.LOOKUP_MIN's note)
-    # and on the line
-    # V(n) = 1 + 0.1 (n - 1): auto, 0.3 -> 0.5: 1.122 -> 1.129 / 1.137 -> 1.138 / 1.290 -> 1.297
-    # / 1.464 -> 1.475 (QA over a passage 1.76 -> 1.94 at F16's); 0.6 gained as much elsewhere but
-    # cut auto's code edit (a prompt's code, changed) F32 1.66 -> 1.46: its indentation and
-    # repeated lines are right where their count share is under 0.6, and auto chooses its own K.
-    # --mode lookup, which verifies what it is given, 0.5 -> 0.6: 1.122 -> 1.132 / 1.116 ->
-    # 1.125 / 1.316 -> 1.318 / 1.462 -> 1.458; measured on the Q4_K_M pair (two runs of 5
-    # repeats, one per floor): 0.980x -> 1.014x of plain decoding. (Earlier, on the line only: 0.1, 0.3 and 0.5
-    # within 0.5% of each other.)
+    # below this (``min_prob``; the engine sets it by mode, ``fit``): --mode lookup verifies what
+    # it is given; auto, which prices what it proposes and chooses its own K, walks further.
+    # The replays that set both: docs/auto.md.
     MIN_PROB = 0.6
     MIN_PROB_AUTO = 0.5
 
@@ -377,10 +368,7 @@ class SuffixLookup(BaseDrafter):
 
     def _cap(self, match: int, support: int) -> int:
         """How far a match of this length and support may be followed: as many tokens as it
-        matched; twice that (and two) when its continuation was seen 4+ times. Replayed over
-        recorded runs (bench/suffix_sim.py), over n-gram lookup K = 4: cap = match gave 1.09-1.15x
-        on summarization, RAG, code and code editing; match + 1 + (match when seen twice) 1.06-
-        1.15x; a bonus from 2 or 3 sightings on lost 1-4% on code editing, from 4 lost nothing."""
+        matched; twice that (and two) when its continuation was seen 4+ times (docs/auto.md)."""
         return max(1, match + (match + 2 if support >= 4 else 0))
 
     def candidates(self, k: int) -> list[tuple[float, int, str, list[int], int]]:
