@@ -399,7 +399,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ),
     (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9},
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12},
         400,
         "max_tokens",
     ),
@@ -485,9 +485,9 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ),
     (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
         400,
-        "logprobs",
+        "top_logprobs",
     ),
     (
         "/v1/chat/completions",
@@ -500,7 +500,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
     ),
     (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5},
+        {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 5},
         400,
         "presence_penalty",
     ),

@@ -401,12 +401,9 @@ def test_tokenize_detokenize_props_template(qwen: Server) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("repeat_penalty", 1.1),
-        ("presence_penalty", 0.5),
-        ("frequency_penalty", 0.5),
-        ("logit_bias", [[15, -1.0]]),
-        ("n_probs", 3),
-        ("ignore_eos", True),
+        ("dry_multiplier", 0.5),
+        ("xtc_probability", 0.5),
+        ("typical_p", 0.5),
         ("grammar", "root ::= [a-z]+"),
         ("id_slot", 2),
         ("n_cmpl", 2),

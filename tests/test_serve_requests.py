@@ -70,10 +70,10 @@ def test_content_parts_and_roles() -> None:
 @pytest.mark.parametrize(
     "body,param",
     [
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
-        ({"frequency_penalty": 1}, "frequency_penalty"),
-        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"audio": {"voice": "alloy"}}, "audio"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"functions": [{"name": "f"}]}, "functions"),
     ],
 )
 def test_unsupported_is_refused_by_name(body, param) -> None:  # type: ignore[no-untyped-def]

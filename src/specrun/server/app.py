@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +18,13 @@ from specrun.errors import SpecrunError
 from specrun.server import responses as R
 from specrun.server.errors import APIError, bad, error_body
 from specrun.server.metrics import CONTENT_TYPE, Metrics
-from specrun.server.requests import GenRequest, check_spec, parse_json, parse_request
+from specrun.server.requests import (
+    GenRequest,
+    check_spec,
+    parse_json,
+    parse_request,
+    resolve_bias,
+)
 from specrun.server.worker import EngineWorker, Job, QueueFull
 
 MAX_BODY = 8 << 20  # bytes: far above any prompt a context holds, far below a memory problem
@@ -266,7 +272,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
-    from specrun.chat_template import encode_chat, encode_prompt
+    from specrun.chat_template import encode_prompt, render_chat, tokenize_chat
 
     target = engine.target
     param = "messages" if req.kind == "chat" else "prompt"
@@ -278,7 +284,8 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
                     "server with --chat-template",
                     "messages",
                 )
-            kwargs = dict(state.template_kwargs or {})
+            # The request's chat_template_kwargs over the server's --chat-template-kwargs.
+            kwargs = {**(state.template_kwargs or {}), **req.template_kwargs}
             st = req.structured
             if st.tools:
                 from specrun.tools import detect_format
@@ -296,7 +303,9 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
                     kwargs["tools"] = st.tools
                 if st.forces_call:
                     st.gbnf, st.gbnf_param = st.call_grammar(st.fmt), "tools"
-            tokens = encode_chat(target, req.messages or [], template_kwargs=kwargs or None)
+            text = render_chat(target, req.messages or [], template_kwargs=kwargs or None)
+            req.thinking_open = R.thinking_open(text[-64:])
+            tokens = tokenize_chat(target, text)
         elif isinstance(req.prompt, list):
             bad_ids = [t for t in req.prompt if not 0 <= t < target.n_vocab]
             if bad_ids:
@@ -340,11 +349,15 @@ async def _generate(state: ServerState, request: Request, kind: str) -> Response
     body = parse_json(await _read_body(request, state.max_body))
     req = parse_request(body, kind, state.defaults, state.n_ctx)
     check_spec(req.spec, engine)
+    if req.logit_bias:
+        req.params = replace(req.params, logit_bias=resolve_bias(req.logit_bias, engine.target))
     tokens = _encode(state, engine, req)
     if req.structured.gbnf:
         _check_grammar(engine, req)
-    if req.max_tokens is None:
-        req.max_tokens = state.n_ctx - len(tokens)  # to the end of the context, as llama-server
+    # To the end of the context when not given, and never past it (finish_reason "length"), as
+    # llama-server.
+    room = state.n_ctx - len(tokens)
+    req.max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
     job = Job(req, tokens, asyncio.get_running_loop())
     assert state.worker is not None
     try:
@@ -359,14 +372,16 @@ async def _generate(state: ServerState, request: Request, kind: str) -> Response
         ) from None
     rid = R.new_id(kind)
     model = req.model or state.model_id
+    piece = engine.target.piece if req.logprobs else None
+    reasoning = (req.reasoning_format, req.thinking_open) if kind == "chat" else None
     if req.stream:
         return StreamingResponse(
-            _stream(job, kind, rid, model),
+            _stream(job, kind, rid, model, piece),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     results = await _collect(job, request)
-    body = R.completion(kind, rid, model, results, req.return_tokens)
+    body = R.completion(kind, rid, model, results, req.return_tokens, piece, reasoning)
     if req.structured.calls_tools:
         R.tool_choices(body, results, req.structured)
     return JSONResponse(body)
@@ -408,13 +423,45 @@ async def _collect(job: Job, request: Request) -> list[Any]:
         job.cancel.set()  # a no-op once it ended; stops it when this handler is torn down
 
 
-async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[bytes]:
+async def _stream(
+    job: Job, kind: str, rid: str, model: str, piece: Any = None
+) -> AsyncIterator[bytes]:
     req = job.req
     created = int(time.time())
     usage_too = req.include_usage
     started: set[int] = set()
     tools = kind == "chat" and req.structured.calls_tools
     held: dict[int, Any] = {}  # choice -> tools.HoldBack: text that may be a call waits
+    # choice -> the reasoning splitter (chat, reasoning_format other than none)
+    thinking: dict[int, R.ReasoningStream] = {}
+    split = kind == "chat" and req.reasoning_format != "none"
+    pending: dict[int, list[Any]] = {}  # choice -> token probabilities not sent yet
+    offsets: dict[int, int] = {}  # choice -> text offset (the legacy completions' logprobs)
+
+    def lp_of(i: int) -> dict[str, Any] | None:
+        """The log probabilities of the tokens since the last chunk of choice ``i``."""
+        probs = pending.pop(i, None)
+        if piece is None or probs is None:
+            return None
+        if kind == "chat":
+            return R.chat_logprobs(probs, piece)
+        out = R.completion_logprobs(probs, piece, offsets.get(i, 0))
+        offsets[i] = offsets.get(i, 0) + sum(len(t) for t in out["tokens"])
+        return out
+
+    def content(i: int, text: str, out: list[bytes]) -> None:
+        """Send ``text`` of choice ``i``: split into reasoning and content, tool calls held."""
+        parts = [("content", text)]
+        if split:
+            parts = thinking.setdefault(i, R.ReasoningStream(req.thinking_open)).feed(text)
+        for what, t in parts:
+            if what == "reasoning_content":
+                out.append(ch([R.delta_choice(kind, i, None, reasoning=t, logprobs=lp_of(i))]))
+                continue
+            if tools and t:
+                t = held.setdefault(i, R.hold_back(req.structured)).feed(t)
+            if t:
+                out.append(ch([R.delta_choice(kind, i, t, logprobs=lp_of(i))]))
 
     def ch(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return R.sse(R.chunk(kind, rid, model, created, choices, usage_too, **extra))
@@ -430,14 +477,23 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
         if tag == "step":
             i, ev = item[1], item[2]
             opened(i, out)
-            text = ev.text
-            if tools and ev.text:
-                text = held.setdefault(i, R.hold_back(req.structured)).feed(ev.text)
-            if text:
-                out.append(ch([R.delta_choice(kind, i, text)]))
+            if piece is not None and ev.probs:
+                pending.setdefault(i, []).extend(ev.probs)
+            if ev.text:
+                content(i, ev.text, out)
         elif tag == "result":
             i, res = item[1], item[2]
             opened(i, out)
+            if split and i in thinking:
+                for what, txt in thinking[i].finish():
+                    if what == "reasoning_content":
+                        out.append(ch([R.delta_choice(kind, i, None, reasoning=txt)]))
+                    elif tools:
+                        txt = held.setdefault(i, R.hold_back(req.structured)).feed(txt)
+                        if txt:
+                            out.append(ch([R.delta_choice(kind, i, txt)]))
+                    else:
+                        out.append(ch([R.delta_choice(kind, i, txt)]))
             extra: dict[str, Any] = {
                 "timings": R.timings(res.stats, R.cached_of(res)),
                 "specrun": R.specrun_stats(res),
@@ -456,7 +512,7 @@ async def _stream(job: Job, kind: str, rid: str, model: str) -> AsyncIterator[by
                     out += [ch([d]) for d in R.tool_call_deltas(i, j, c)]
                 if calls:
                     reason = "tool_calls"
-            fin = R.delta_choice(kind, i, None if kind == "chat" else "", reason)
+            fin = R.delta_choice(kind, i, None if kind == "chat" else "", reason, logprobs=lp_of(i))
             out.append(ch([fin], **extra))
         elif tag == "error":
             out.append(R.sse({"error": error_body(item[1], item[2])["error"]}))

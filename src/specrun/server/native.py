@@ -3,9 +3,9 @@
 ``GET /props`` and ``POST /apply-template`` (tools/server/README.md in llama.cpp).
 
 Every field of a request is honoured or refused with a 400 naming it: the fields specrun
-implements are honoured; llama-server's fields whose feature specrun lacks are accepted only at
-their neutral value (``repeat_penalty`` 1.0, ``logit_bias`` [], ``n_probs`` 0 ...: the value that
-changes nothing) and refused otherwise; a field llama-server does not document either is refused.
+implements are honoured (the penalties, ``logit_bias``, ``ignore_eos`` and ``n_probs`` among
+them); llama-server's fields whose feature specrun lacks are accepted only at their neutral value
+(``dry_multiplier`` 0, ``mirostat`` 0 ...: the value that changes nothing) and refused otherwise; a field llama-server does not document either is refused.
 One exception, visible in every response: the ``infill`` sampler (llama.cpp's, which editors list
 in ``samplers``) is not applied; ``generation_settings.samplers`` lists the ones that were.
 
@@ -28,10 +28,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specrun.decoding.engine import MAX_DRAFT, MODES
+from specrun.decoding.penalties import penalises
 from specrun.errors import SpecrunError
 from specrun.server import responses as R
 from specrun.server.errors import APIError, bad, error_body
-from specrun.server.requests import GenRequest, check_spec, parse_json, parse_messages
+from specrun.server.requests import (
+    GenRequest,
+    check_spec,
+    parse_json,
+    parse_messages,
+    parse_penalties,
+    resolve_bias,
+)
 from specrun.server.worker import Job, QueueFull
 
 PATHS = ("/completion", "/infill", "/tokenize", "/detokenize", "/props", "/apply-template")
@@ -80,9 +88,6 @@ NOT_APPLIED = ("infill",)
 # llama-server's fields for features specrun lacks: accepted at the neutral value, else refused.
 # name -> (is it neutral, what to send instead)
 _NEUTRAL: dict[str, tuple[Any, str]] = {
-    "repeat_penalty": (lambda v: v == 1, "1.0 (off)"),
-    "presence_penalty": (lambda v: v == 0, "0 (off)"),
-    "frequency_penalty": (lambda v: v == 0, "0 (off)"),
     "dry_multiplier": (lambda v: v == 0, "0 (off)"),
     "xtc_probability": (lambda v: v == 0, "0 (off)"),
     "typical_p": (lambda v: v == 1, "1.0 (off)"),
@@ -90,11 +95,7 @@ _NEUTRAL: dict[str, tuple[Any, str]] = {
     "mirostat": (lambda v: v == 0, "0 (off)"),
     "top_n_sigma": (lambda v: isinstance(v, int | float) and v <= 0, "-1 (off)"),
     "min_keep": (lambda v: v in (0, 1), "0"),
-    "n_probs": (lambda v: v == 0, "0"),
     "logprobs": (lambda v: v in (0, False, None), "0"),
-    "post_sampling_probs": (lambda v: isinstance(v, bool), "a boolean (with n_probs 0)"),
-    "logit_bias": (lambda v: v in ([], {}), "[] (none)"),
-    "ignore_eos": (lambda v: v is False, "false"),
     "n_cache_reuse": (lambda v: v == 0, "0 (specrun reuses the longest common prefix)"),
     "lora": (lambda v: v == [], "[] (specrun loads no LoRA adapters)"),
     "grammar": (lambda v: v == "", '""'),
@@ -112,7 +113,6 @@ _NEUTRAL: dict[str, tuple[Any, str]] = {
 # held at its neutral value), context shifting that specrun never does (a prompt that does not fit
 # is refused), and the prompt-time limit that llama-server itself leaves unimplemented.
 _INERT = {
-    "repeat_last_n",
     "dry_base",
     "dry_allowed_length",
     "dry_penalty_last_n",
@@ -127,6 +127,14 @@ _INERT = {
 }
 _HONOURED = {
     "prompt",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "ignore_eos",
+    "n_probs",
+    "post_sampling_probs",
     "n_predict",
     "max_tokens",
     "temperature",
@@ -310,6 +318,16 @@ def parse_native(body: dict[str, Any], route: str, state: Any, engine: Any) -> N
         min_p=min_p if "min_p" in applied else 0.0,
         seed=secrets.randbits(31) if seed in RANDOM_SEEDS else seed,
     )
+    params, bias = parse_penalties(body, params, openai=False)
+    params = replace(params, logit_bias=resolve_bias(bias, engine.target))
+    if body.get("samplers") is not None and "penalties" not in applied:
+        params = replace(params, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    elif penalises(params) and "penalties" not in applied:
+        applied = ["penalties", *applied]  # llama.cpp's default chain begins with it
+    n_probs = _int(body, "n_probs", 0, 1 << 10, 0)
+    post = _bool(body, "post_sampling_probs", False)
+    if n_probs > 0:
+        params = replace(params, n_probs=n_probs, post_sampling_probs=post)
     stop_v = body.get("stop")
     if stop_v is None:
         stop: list[str] = []
@@ -506,6 +524,7 @@ class _Gen:
     t_first: float | None = None
     nl_from: int = 0  # where the next unchecked line may start
     error: tuple[int, str] | None = None
+    probs: list[Any] = field(default_factory=list)  # n_probs: each token's probabilities
 
     def step(self, step: Any, job: Job) -> str:
         """Take one Step; the text to send for it (less than its text where this cut)."""
@@ -516,6 +535,8 @@ class _Gen:
             self.t_first = now
         self.stats = step.stats
         self.tokens += step.tokens
+        if step.probs:
+            self.probs += step.probs
         before = len(self.text)
         self.text += step.text
         nat = self.nat
@@ -560,6 +581,7 @@ class _Gen:
         if not self.cut:
             self.text = res.text
             self.tokens = list(res.tokens)
+            self.probs = list(res.probs or [])
             self.stop_type = {"eos": "eos", "stop": "word", "length": "limit"}.get(
                 res.finish_reason, "limit"
             )
@@ -606,6 +628,11 @@ def _final(
         "tokens_cached": len(prompt) + n_gen,
         "timings": R.timings(stats, cached) if stats is not None else {},
     }
+    params = nat.req.params
+    if params.n_probs > 0 and not stream:
+        obj["completion_probabilities"] = R.native_probs(
+            gen.probs, target.piece, params.post_sampling_probs
+        )
     if stats is not None:
         s = {**stats.to_dict(), "seed": nat.req.params.seed}
         if gen.result is not None:
@@ -713,6 +740,13 @@ async def _stream(
                         "tokens_predicted": len(gen.tokens),
                         "tokens_evaluated": len(tokens),
                     }
+                    params = nat.req.params
+                    if params.n_probs > 0 and item[2].probs:
+                        chunk["completion_probabilities"] = R.native_probs(
+                            item[2].probs,
+                            state.engine_or_503().target.piece,
+                            params.post_sampling_probs,
+                        )
                     if nat.timings_per_token and gen.stats is not None:
                         chunk["timings"] = R.timings(
                             gen.stats, max(0, len(tokens) - gen.stats.prefill_tokens)

@@ -2,8 +2,10 @@
 
 Every field is checked by hand, so a bad one is answered with OpenAI's 400 naming it (``param``)
 instead of a validation dump. Tools and constrained output are parsed in structured.py. Known
-fields specrun cannot honour (logprobs, penalties) are refused, never silently ignored; fields it does not know are
-ignored, as OpenAI-compatible servers do (clients send ``user``, ``store``, ``metadata``...).
+fields specrun cannot honour (audio, predicted outputs...) are refused, never silently ignored;
+fields it does not know are ignored, as OpenAI-compatible servers do (clients send ``user``,
+``store``, ``metadata``...). The penalties, ``logit_bias``, ``ignore_eos`` and the log
+probabilities are honoured (decoding/penalties.py), on these routes and llama-server's.
 """
 
 from __future__ import annotations
@@ -27,24 +29,17 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 _REFUSED_CHAT: dict[str, str | None] = {
     "functions": "function calling",
     "function_call": "function calling",
-    "logprobs": "log probabilities",
-    "top_logprobs": "log probabilities",
-    "logit_bias": "logit_bias",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
     "audio": "audio output",
     "modalities": None,
     "prediction": "predicted outputs",
 }
 _REFUSED_COMPLETION: dict[str, str | None] = {
-    "logprobs": "log probabilities",
-    "logit_bias": "logit_bias",
     "echo": "echo",
-    "suffix": "suffix (fill-in-the-middle)",
+    "suffix": "suffix (fill-in-the-middle: POST /infill)",
     "best_of": "best_of",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
 }
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -63,6 +58,11 @@ class GenRequest:
     return_tokens: bool = False
     cache_prompt: bool = True
     structured: Structured = field(default_factory=Structured)  # tools, response_format, grammar
+    logprobs: bool = False  # report each token's log probability (params.n_probs: how many top)
+    logit_bias: list[tuple[int | str, float]] = field(default_factory=list)  # resolve_bias
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    reasoning_format: str = "auto"  # chat: <think>...</think> to reasoning_content unless "none"
+    thinking_open: bool = False  # the prompt ends inside <think> (the template opened it)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -343,10 +343,14 @@ def parse_request(
     messages = parse_messages(body.get("messages")) if kind == "chat" else None
     prompt = parse_prompt(body.get("prompt")) if kind == "completion" else None
 
-    max_tokens = _int(body, "max_tokens", 0, n_ctx)
+    # Beyond what the context holds is capped there (finish_reason "length"), as llama-server.
+    max_tokens = _int(body, "max_tokens", 0, MAX_TOKENS)
     if kind == "chat" and body.get("max_completion_tokens") is not None:
-        mct = _int(body, "max_completion_tokens", 0, n_ctx)
+        mct = _int(body, "max_completion_tokens", 0, MAX_TOKENS)
         max_tokens = mct if max_tokens is None else min(max_tokens, mct or 0)
+    n_predict = _int(body, "n_predict", -1, MAX_TOKENS)  # llama-server's name; -1: no limit
+    if n_predict is not None and n_predict >= 0:
+        max_tokens = n_predict if max_tokens is None else min(max_tokens, n_predict)
     temp = _num(body, "temperature", 0.0, 100.0)
     top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
     top_k = _int(body, "top_k", 0, 1 << 30)
@@ -362,6 +366,41 @@ def parse_request(
         min_p=defaults.min_p if min_p is None else min_p,
         seed=secrets.randbits(31) if seed is None or seed == -1 else seed,
     )
+    params, bias = parse_penalties(body, params, openai=True)
+    logprobs = False
+    if kind == "chat":
+        logprobs = bool(_bool(body, "logprobs"))
+        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if top is not None and top > 0 and not logprobs:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        if logprobs:
+            params = replace(params, n_probs=top or 0)
+    elif body.get("logprobs") is not None:  # the legacy completions' integer (0: the token's own)
+        top = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        logprobs = True
+        params = replace(params, n_probs=top or 0)
+    template_kwargs: dict[str, Any] = {}
+    reasoning = "auto"
+    if kind == "chat":
+        template_kwargs = _obj(body, "chat_template_kwargs")
+        rf = body.get("reasoning_format")
+        if rf is not None:
+            if rf not in REASONING_FORMATS:
+                raise bad(
+                    f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
+                    f"{json.dumps(rf)[:40]}",
+                    "reasoning_format",
+                )
+            reasoning = rf
+    else:
+        for name in ("chat_template_kwargs", "reasoning_format"):
+            if body.get(name) is not None:
+                raise bad(
+                    f"{name} applies to /v1/chat/completions only (a completion's prompt is "
+                    "not rendered by the chat template)",
+                    name,
+                    "unsupported_parameter",
+                )
     n = _int(body, "n", 1, MAX_N) or 1
     stream = bool(_bool(body, "stream"))
     so = _obj(body, "stream_options")
@@ -413,7 +452,108 @@ def parse_request(
         return_tokens=return_tokens,
         cache_prompt=True if cache_prompt is None else cache_prompt,
         structured=structured,
+        logprobs=logprobs,
+        logit_bias=bias,
+        template_kwargs=template_kwargs,
+        reasoning_format=reasoning,
     )
+
+
+MAX_TOKENS = (1 << 31) - 1
+
+
+def parse_penalties(
+    body: dict[str, Any], params: SamplingParams, openai: bool
+) -> tuple[SamplingParams, list[tuple[int | str, float]]]:
+    """The fields that change the target's distribution (decoding/penalties.py) over ``params``:
+    ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty`` (OpenAI's
+    range [-2, 2] on its routes; llama-server takes any), ``ignore_eos``; and ``logit_bias``,
+    returned unresolved (token ids or texts: ``resolve_bias`` reads them with the vocabulary)."""
+    lim = 2.0 if openai else 1e9
+    rp = _num(body, "repeat_penalty", 0.0, 1e9)
+    if rp is not None and rp <= 0.0:  # llama.cpp: <= 0 is off; said plainly here
+        rp = 1.0
+    rn = _int(body, "repeat_last_n", -1, MAX_TOKENS)
+    pp = _num(body, "presence_penalty", -lim, lim)
+    fp = _num(body, "frequency_penalty", -lim, lim)
+    ie = _bool(body, "ignore_eos")
+    params = replace(
+        params,
+        repeat_penalty=params.repeat_penalty if rp is None else rp,
+        repeat_last_n=params.repeat_last_n if rn is None else rn,
+        presence_penalty=params.presence_penalty if pp is None else pp,
+        frequency_penalty=params.frequency_penalty if fp is None else fp,
+        ignore_eos=params.ignore_eos if ie is None else ie,
+    )
+    return params, parse_logit_bias(body.get("logit_bias"))
+
+
+def _bias_value(v: Any, param: str) -> float:
+    if v is False:  # llama-server: false = never this token
+        return -math.inf
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise bad(
+            f"{param} must be a number in [-100, 100] or false, got {_kind(v)}",
+            param,
+            "invalid_type",
+        )
+    if not -100.0 <= v <= 100.0:
+        raise bad(f"{param} must be in [-100, 100], got {v:g}", param)
+    return float(v)
+
+
+def _bias_key(k: Any, param: str) -> int | str:
+    if isinstance(k, int) and not isinstance(k, bool):
+        return k
+    if isinstance(k, str):
+        try:
+            return int(k)
+        except ValueError:
+            return k  # a text: llama-server biases each of its tokens
+    raise bad(f"{param}: a token id or a text, got {_kind(k)}", param, "invalid_type")
+
+
+def parse_logit_bias(v: Any) -> list[tuple[int | str, float]]:
+    """OpenAI's ``{"token id": bias}``; llama-server's ``[[id or text, bias or false], ...]`` and
+    texts as keys too. A bias of -100 (or false) forbids the token."""
+    if v is None:
+        return []
+    out: list[tuple[int | str, float]] = []
+    if isinstance(v, dict):
+        for k, b in v.items():
+            p = f"logit_bias.{k}"
+            out.append((_bias_key(k, p), _bias_value(b, p)))
+        return out
+    if isinstance(v, list):
+        for i, pair in enumerate(v):
+            p = f"logit_bias[{i}]"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise bad(f"{p} must be a pair [token id or text, bias]", p, "invalid_type")
+            out.append((_bias_key(pair[0], p), _bias_value(pair[1], p)))
+        return out
+    raise bad(
+        f"logit_bias must be an object of token id -> bias, got {_kind(v)}",
+        "logit_bias",
+        "invalid_type",
+    )
+
+
+def resolve_bias(raw: list[tuple[int | str, float]], target: Any) -> tuple[tuple[int, float], ...]:
+    """Token ids checked against the vocabulary, texts tokenized (each of their tokens biased,
+    as llama-server does). -100 is added as it is: a ban in effect."""
+    out: list[tuple[int, float]] = []
+    n = target.n_vocab
+    for key, b in raw:
+        if isinstance(key, int):
+            if not 0 <= key < n:
+                raise bad(
+                    f"logit_bias: token id {key} is outside the vocabulary (0..{n - 1})",
+                    "logit_bias",
+                )
+            out.append((key, b))
+        else:
+            out += [(t, b) for t in target.tokenize(key, False, False)]
+    return tuple(out)
 
 
 def check_spec(spec: dict[str, Any], engine: Any) -> None:

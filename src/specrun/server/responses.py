@@ -80,24 +80,48 @@ def merged_stats(results: list[Any]) -> tuple[dict[str, Any], dict[str, Any], di
     return u, t, s
 
 
-def choice(kind: str, index: int, result: Any, return_tokens: bool) -> dict[str, Any]:
+def choice(
+    kind: str,
+    index: int,
+    result: Any,
+    return_tokens: bool,
+    piece: Any = None,
+    reasoning: tuple[str, bool] | None = None,
+) -> dict[str, Any]:
+    """One choice of a whole reply. ``piece`` (a token's bytes): report the result's ``probs``
+    as ``logprobs``; ``reasoning``: (reasoning_format, whether the prompt opened <think>)."""
     reason = FINISH.get(result.finish_reason, "stop")
+    probs = result.probs if piece is not None else None
     if kind == "chat":
+        msg: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if reasoning is not None and reasoning[0] != "none":
+            thought, content = split_reasoning(result.text, reasoning[1])
+            if thought is not None:
+                msg["reasoning_content"] = thought
+                if reasoning[0] != "deepseek-legacy":
+                    msg["content"] = content
         c: dict[str, Any] = {
             "index": index,
-            "message": {"role": "assistant", "content": result.text},
-            "logprobs": None,
+            "message": msg,
+            "logprobs": chat_logprobs(probs, piece) if probs is not None else None,
             "finish_reason": reason,
         }
     else:
-        c = {"index": index, "text": result.text, "logprobs": None, "finish_reason": reason}
+        lp = completion_logprobs(probs, piece) if probs is not None else None
+        c = {"index": index, "text": result.text, "logprobs": lp, "finish_reason": reason}
     if return_tokens:
         c["tokens"] = list(result.tokens)
     return c
 
 
 def completion(
-    kind: str, rid: str, model: str, results: list[Any], return_tokens: bool
+    kind: str,
+    rid: str,
+    model: str,
+    results: list[Any],
+    return_tokens: bool,
+    piece: Any = None,
+    reasoning: tuple[str, bool] | None = None,
 ) -> dict[str, Any]:
     u, t, s = merged_stats(results)
     return {
@@ -106,7 +130,9 @@ def completion(
         "created": int(time.time()),
         "model": model,
         "system_fingerprint": "specrun",
-        "choices": [choice(kind, i, r, return_tokens) for i, r in enumerate(results)],
+        "choices": [
+            choice(kind, i, r, return_tokens, piece, reasoning) for i, r in enumerate(results)
+        ],
         "usage": u,
         "timings": t,
         "specrun": s,
@@ -137,16 +163,24 @@ def chunk(
 
 
 def delta_choice(
-    kind: str, index: int, text: str | None, finish: str | None = None, role: bool = False
+    kind: str,
+    index: int,
+    text: str | None,
+    finish: str | None = None,
+    role: bool = False,
+    reasoning: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if kind == "chat":
         d: dict[str, Any] = {}
         if role:
             d["role"] = "assistant"
+        if reasoning is not None:
+            d["reasoning_content"] = reasoning
         if text is not None:
             d["content"] = text
-        return {"index": index, "delta": d, "logprobs": None, "finish_reason": finish}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta": d, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 
 def sse(obj: dict[str, Any] | str) -> bytes:
@@ -168,11 +202,13 @@ def tool_choices(body: dict[str, Any], results: list[Any], st: Any) -> None:
     from specrun.tools import parse
 
     for c, r in zip(body["choices"], results, strict=True):
-        content, calls = parse(st.fmt, r.text, st.tools)
+        said = c["message"].get("content")  # after the reasoning, if it was split off
+        content, calls = parse(st.fmt, r.text if said is None else said, st.tools)
         if not st.parallel:
             calls = calls[:1]
         if calls:
             c["message"] = {
+                **c["message"],
                 "role": "assistant",
                 "content": content or None,
                 "tool_calls": [call.as_openai() for call in calls],
@@ -189,3 +225,157 @@ def tool_call_deltas(index: int, j: int, call: Any) -> list[dict[str, Any]]:
         {"index": index, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None},
         {"index": index, "delta": {"tool_calls": [args]}, "logprobs": None, "finish_reason": None},
     ]
+
+
+# -- log probabilities ------------------------------------------------------------------------------
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the distribution gives no mass
+
+
+def _lp(v: float) -> float:
+    return v if v > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def _tok(piece: Any, t: int) -> tuple[str, list[int]]:
+    raw = piece(t)
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+def chat_logprobs(probs: list[Any], piece: Any) -> dict[str, Any]:
+    """OpenAI's ``choices[].logprobs`` of a chat completion: ``{"content": [{token, logprob,
+    bytes, top_logprobs}]}``; ``piece`` gives a token's bytes."""
+    content = []
+    for p in probs:
+        text, raw = _tok(piece, p.token)
+        top = []
+        for t, lp in p.top:
+            tt, tr = _tok(piece, t)
+            top.append({"token": tt, "logprob": _lp(lp), "bytes": tr})
+        content.append(
+            {"token": text, "logprob": _lp(p.logprob), "bytes": raw, "top_logprobs": top}
+        )
+    return {"content": content}
+
+
+def completion_logprobs(probs: list[Any], piece: Any, offset: int = 0) -> dict[str, Any]:
+    """The legacy completions' ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs``
+    (one ``{token: logprob}`` per position) and ``text_offset``."""
+    tokens, lps, tops, offs = [], [], [], []
+    for p in probs:
+        text, _ = _tok(piece, p.token)
+        tokens.append(text)
+        lps.append(_lp(p.logprob))
+        tops.append({_tok(piece, t)[0]: _lp(lp) for t, lp in p.top})
+        offs.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def native_probs(probs: list[Any], piece: Any, post: bool) -> list[dict[str, Any]]:
+    """llama-server's ``completion_probabilities``: ``{id, token, bytes, logprob, top_logprobs}``
+    per token, or with ``post_sampling_probs`` ``prob`` and ``top_probs`` (probabilities)."""
+    import math
+
+    out = []
+    for p in probs:
+        text, raw = _tok(piece, p.token)
+        top = []
+        for t, lp in p.top:
+            tt, tr = _tok(piece, t)
+            v = math.exp(lp) if post else _lp(lp)
+            top.append({"id": t, "token": tt, "bytes": tr, "prob" if post else "logprob": v})
+        out.append(
+            {
+                "id": p.token,
+                "token": text,
+                "bytes": raw,
+                "prob" if post else "logprob": math.exp(p.logprob) if post else _lp(p.logprob),
+                "top_probs" if post else "top_logprobs": top,
+            }
+        )
+    return out
+
+
+# -- reasoning (<think>...</think>) -----------------------------------------------------------------
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def thinking_open(prompt_tail: str) -> bool:
+    """Whether the rendered prompt ends inside a thinking block (templates that open <think>
+    for the model, as DeepSeek-R1's and Qwen3's do)."""
+    tail = prompt_tail.rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+def split_reasoning(text: str, opened: bool) -> tuple[str | None, str]:
+    """(reasoning, content) of a whole reply, as llama-server's "deepseek" format parses it: the
+    text of a leading <think>...</think> (or up to </think> when the prompt opened it) is the
+    reasoning, what follows the content; a block never closed is all reasoning."""
+    t = text
+    if not opened:
+        s = t.lstrip()
+        if not s.startswith(THINK_OPEN):
+            return None, text
+        t = s[len(THINK_OPEN) :]
+    end = t.find(THINK_CLOSE)
+    if end < 0:
+        return t.strip(), ""
+    return t[:end].strip(), t[end + len(THINK_CLOSE) :].lstrip()
+
+
+def _partial_tail(buf: str, tag: str) -> int:
+    """Length of the longest end of ``buf`` that begins ``tag`` (held back: it may be the tag)."""
+    for n in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if tag.startswith(buf[-n:]):
+            return n
+    return 0
+
+
+class ReasoningStream:
+    """A streamed reply split into ``reasoning_content`` and ``content`` deltas: ``feed`` text,
+    get ``(field, text)`` parts; text that may be the start of a tag waits for the next."""
+
+    def __init__(self, opened: bool) -> None:
+        self.state = "reasoning" if opened else "start"
+        self.buf = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        self.buf += text
+        out: list[tuple[str, str]] = []
+        while True:
+            if self.state == "start":
+                s = self.buf.lstrip()
+                if not s or (THINK_OPEN.startswith(s) and len(s) < len(THINK_OPEN)):
+                    return out
+                if s.startswith(THINK_OPEN):
+                    self.buf, self.state = s[len(THINK_OPEN) :].lstrip(), "reasoning"
+                else:
+                    self.state = "content"
+                continue
+            if self.state == "reasoning":
+                i = self.buf.find(THINK_CLOSE)
+                if i >= 0:
+                    if i:
+                        out.append(("reasoning_content", self.buf[:i]))
+                    self.buf, self.state = self.buf[i + len(THINK_CLOSE) :], "after"
+                    continue
+                keep = _partial_tail(self.buf, THINK_CLOSE)
+                cut = len(self.buf) - keep
+                if cut:
+                    out.append(("reasoning_content", self.buf[:cut]))
+                self.buf = self.buf[cut:]
+                return out
+            if self.state == "after":
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    return out
+                self.state = "content"
+            if self.buf:
+                out.append(("content", self.buf))
+            self.buf = ""
+            return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        rest, self.buf = self.buf, ""
+        if not rest or self.state == "after":
+            return []
+        return [("reasoning_content" if self.state == "reasoning" else "content", rest)]
