@@ -30,6 +30,11 @@ Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:
 [--switch 0.03]; ``suffix:N:P`` is the suffix drafter as ``--mode lookup`` with ``--lookup-min N`` and
 a walk floor of P (``suffix`` = ``suffix:2:0.6``); ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
 those AutoPriors fields changed (``auto@lookup_carry=0.3``), beside plain ``auto`` in one run.
+``auto+draft`` is auto with the pair's draft model too, replayed (``SimDraft``: run
+``--annotate-draft PAIR`` on the runs file once; ``--p-min``, ``--draft-c``, ``--draft-row``,
+``--single-rows`` price it), ``draft`` that draft model alone; ``auto!NAME`` (and
+``auto+draft!NAME``, combinable with ``@``) is auto with one of its refinements taken out (``OFF``;
+docs/auto.md, the ablation).
 The last row is each drafter's geo-mean over the workloads.
 """
 
@@ -180,6 +185,114 @@ class Bound(_Ceiling):
         return self.choose("lookup", prop, tokens)
 
 
+class SimDraft(BaseDrafter):
+    """The pair's draft model replayed (``auto+draft``, ``draft``): its greedy choice and top
+    probability after every prefix of a request's text, recorded teacher-forced (``--annotate-
+    draft``), stand in for its proposals: exactly right while a proposal follows the target's
+    tokens (the only part a greedy target accepts); past its first miss it is taken to go on as
+    sure as the recorded row says, with a token that is never right. Priced ``c`` target steps a
+    draft step and ``c * row`` a catch-up row beyond the first (``--draft-c``, ``--draft-row``);
+    a catch-up's rows are evidence as DraftModel.propose's are. ``spent`` (target steps) is what
+    it cost since replay last read it."""
+
+    name = "draft"
+
+    def __init__(self, p_min: float, c: float, row: float, single_rows: bool = False) -> None:
+        self.p_min, self.c, self.row, self.single_rows = p_min, c, row, single_rows
+        self.n_cached = 0
+        self.last_catch_up: tuple[int, float] = (0, 0.0)
+        self.last_evidence: list[tuple[bool, bool]] = []
+        self.arg: dict[
+            int, int
+        ] = {}  # token position q -> the draft's choice after tokens[: q + 1]
+        self.top: dict[int, float] = {}
+        self.spent = 0.0
+        self.t1 = 0.02
+        self.truth: list[int] = []
+
+    def know(self, prompt: list[int], req: dict) -> None:  # type: ignore[type-arg]
+        self.truth = prompt + list(req["output"])
+        base = len(prompt) - 1
+        self.arg = {base + j: int(t) for j, t in enumerate(req["draft_arg"])}
+        self.top = {base + j: float(p) for j, p in enumerate(req["draft_top"])}
+
+    def reset(self) -> None:
+        self.n_cached = 0
+        self.last_catch_up = (0, 0.0)
+        self.last_evidence = []
+
+    def prefill(self, tokens: list[int], evaluate: bool = True) -> int:
+        if evaluate:  # the prompt's rows are not priced (replay prices decoding only)
+            self.n_cached = len(tokens) - 1
+        return 0
+
+    def rollback(self, valid_len: int) -> None:
+        self.n_cached = min(self.n_cached, valid_len)
+
+    def propose(  # type: ignore[no-untyped-def]
+        self, tokens, k, params, rng, greedy_draft, window=None, evidence=False
+    ) -> Proposal:
+        self.last_evidence = []
+        base = len(tokens)
+        if window is not None and base - self.n_cached > max(window, 1):
+            self.n_cached = base - max(window, 1)
+        n_up = base - self.n_cached
+        if evidence and n_up >= 2:
+            self.last_evidence = [
+                (self.top[q] >= self.p_min, self.arg[q] == tokens[q + 1])
+                for q in range(self.n_cached, base - 1)
+                if q in self.arg
+            ]
+        up = self.c * (1.0 + (1.0 if self.single_rows else self.row) * (n_up - 1))
+        self.last_catch_up = (n_up, up * self.t1)
+        cost = up
+        out: list[int] = []
+        on_track = True
+        while True:
+            q = base - 1 + len(out)
+            if q not in self.top or (self.p_min > 0.0 and self.top[q] < self.p_min):
+                break
+            tok = self.arg[q] if on_track else -2
+            out.append(tok)
+            if len(out) >= k:
+                break
+            on_track = on_track and q + 1 < len(self.truth) and tok == self.truth[q + 1]
+            cost += self.c
+        self.n_cached = base + max(0, len(out) - (0 if len(out) < k else 1))
+        self.spent += cost
+        return Proposal(out, None)
+
+
+def annotate_draft(path: str, pair: str) -> None:
+    """Add the pair's draft model's greedy choice and top probability after each prefix of every
+    recorded request (prompt, then output), teacher-forced: ``draft_arg``, ``draft_top``."""
+    from specrun.benchmark.harness import load_pair
+    from specrun.decoding import sampling as S
+
+    runs = json.loads(Path(path).read_text())
+    loaded, _target, draft = load_pair(pair, threads=2)
+    for reqs in runs.values():
+        for req in reqs:
+            prompt, out = req["prompt"], req["output"]
+            seq = prompt + out
+            draft.clear()
+            draft.decode(prompt[:-1], 0, None)
+            rows = seq[len(prompt) - 1 : len(seq) - 1]
+            arg: list[int] = []
+            top: list[float] = []
+            step = max(1, min(64, draft.n_outputs_max))
+            for i in range(0, len(rows), step):
+                chunk = rows[i : i + step]
+                draft.decode(chunk, len(prompt) - 1 + i, 0)
+                for r in range(len(chunk)):
+                    lg = draft.logits(r)
+                    arg.append(S.greedy(lg))
+                    top.append(S.top_prob(lg))
+            req["draft_arg"], req["draft_top"] = arg, top
+    loaded.close()
+    Path(path).write_text(json.dumps(runs))
+
+
 def replay(
     make_policy,
     reqs,
@@ -199,7 +312,14 @@ def replay(
     def new_policy():  # type: ignore[no-untyped-def]
         p = make_policy()
         if isinstance(p, AutoPolicy):
-            p.calibrate({n: vcost(n) * t1 for n in (1, 2, 3, 5, 9)})
+            sims = [d for d in p.drafters if isinstance(d, SimDraft)]
+            p.calibrate(
+                {n: vcost(n) * t1 for n in (1, 2, 3, 5, 9)},
+                sims[0].c * t1 if sims else None,
+            )
+        for d in p.drafters:
+            if isinstance(d, SimDraft):
+                d.t1 = t1
         return p
 
     cost = plain = 0.0
@@ -215,6 +335,9 @@ def replay(
         know = getattr(policy, "know", None)
         if know is not None:  # a ceiling: told the target's tokens
             know(tokens, out)
+        sims = [d for d in policy.drafters if isinstance(d, SimDraft)]
+        for d in sims:
+            d.know(tokens, req)
         policy.prefill(tokens)
         i = 0
         while i < len(out):
@@ -238,7 +361,15 @@ def replay(
             if rows == 1 and last_rows > 1:  # the row after a batch (--switch)
                 v += switch
             last_rows = rows
-            cost += v
+            spent = sum(d.spent for d in sims)
+            for d in sims:
+                d.spent = 0.0
+            cost += v + spent
+            declined = name if name != "none" and not drafts else None
+            sure = None
+            p_conf = policy.confidence_p()
+            if p_conf > 0.0 and (name != "draft" or not drafts) and declined is None:
+                sure = req["top_p"][i] >= p_conf
             for d in policy.drafters:
                 hook = getattr(d, "accepted", None)  # llama-ngram-mod's accept()
                 if hook is not None and d.name == name:
@@ -246,7 +377,19 @@ def replay(
             passes += 1
             drafted += len(drafts) + len(alt)
             accepted += m
-            policy.observe(StepReport(name if drafts else "none", len(drafts), m, 0.0, v * t1, new))
+            policy.observe(
+                StepReport(
+                    name if drafts else "none",
+                    len(drafts),
+                    m,
+                    spent * t1,
+                    v * t1,
+                    new,
+                    declined,
+                    sure,
+                )
+            )
+            policy.rollback(len(tokens) + m)
             tokens += new
             i += len(new)
         policy.finish(tokens)
@@ -262,15 +405,111 @@ def replay(
     }
 
 
+# The draft model's replay (``auto+draft``, ``draft``): --p-min, --draft-c, --draft-row, --single-rows.
+DRAFT_SIM: dict = {"p_min": 0.6, "c": 0.3, "row": 0.3, "single_rows": False}  # type: ignore[type-arg]
+
+
+class _GoOnAsGo:
+    """``!go-on``: the draft goes on past a later position as often as it starts (1 - stop)."""
+
+    def __init__(self, stop) -> None:  # type: ignore[no-untyped-def]
+        self.stop = stop
+
+    @property
+    def p(self) -> float:
+        return 1.0 - self.stop.p
+
+    def update(self, hit: bool) -> None:
+        pass
+
+
+def _off_cold_start(cls) -> None:  # type: ignore[no-untyped-def]
+    def reset(self) -> None:  # type: ignore[no-untyped-def]
+        Policy.reset(self)  # the drafters only: every estimate carries into the next text
+
+    cls.reset = reset
+
+
+def _off_fresh(cls, after) -> None:  # type: ignore[no-untyped-def]
+    base = cls._fresh
+
+    def _fresh(self) -> None:  # type: ignore[no-untyped-def]
+        base(self)
+        after(self)
+
+    cls._fresh = _fresh
+
+
+def _off_bursts(cls) -> None:  # type: ignore[no-untyped-def]
+    base = cls._observe_step
+
+    def _observe_step(self, name, k, n_accepted, draft_s, verify_s) -> None:  # type: ignore[no-untyped-def]
+        base(self, name, k, n_accepted, draft_s, verify_s)
+        if name == "draft" and k and n_accepted == k:  # a paying re-try, no more
+            self._probe_every = self.priors.probe_min
+
+    cls._observe_step = _observe_step
+    cls._end_burst = lambda self: None
+
+
+def _off_declined_stop(cls) -> None:  # type: ignore[no-untyped-def]
+    def _observe_declined(self, name, draft_s) -> None:  # type: ignore[no-untyped-def]
+        if name == "draft":  # its cost only: as a plain step
+            self._observe_draft(1, draft_s)
+
+    cls._observe_declined = _observe_declined
+
+
+def _off_score_full(cls) -> None:  # type: ignore[no-untyped-def]
+    base = cls._observe_tokens
+
+    def _observe_tokens(self, tokens) -> None:  # type: ignore[no-untyped-def]
+        base(self, tokens)
+        self._pending = []  # a proposal is scored against its own step's tokens only
+
+    cls._observe_tokens = _observe_tokens
+
+
+# ``auto!NAME``: auto with the refinement NAME taken out (docs/auto.md); a tuned value is taken
+# out with ``auto@FIELD=VALUE`` instead.
+OFF = {
+    "cold-start": _off_cold_start,
+    "pool": lambda c: setattr(c, "_lookup_prior", lambda self, key: self.priors.accept_prior(key)),
+    "lookup-busy": lambda c: setattr(c, "_lookup_busy_c", lambda self, tokens, best: 0.0),
+    "sure-retry": lambda c: setattr(c, "_sure_now", lambda self: True),
+    "longer": lambda c: setattr(c, "_longer", property(lambda s: False, lambda s, v: None)),
+    "go-on": lambda c: _off_fresh(c, lambda self: setattr(self, "go_on", _GoOnAsGo(self.stop))),
+    "first-probe": lambda c: _off_fresh(c, lambda self: setattr(self, "_since", 0)),
+    "bursts": _off_bursts,
+    "declined-stop": _off_declined_stop,
+    "score-full": _off_score_full,
+    "cap-bonus": lambda c: None,  # the suffix drafter's (make)
+    "walk-floor": lambda c: None,  # the suffix drafter's (make)
+}
+
+
+def ablated(offs: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    cls = type("AutoWithout", (AutoPolicy,), {})
+    for off in offs:
+        OFF[off](cls)
+    return cls
+
+
 def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-def]
     """The drafter ``kind`` names and its K cap; ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
     those AutoPriors fields changed (a tuning experiment beside plain ``auto``, as
     bench/modes_compare.py's)."""
     kind, _, tweaks = kind.partition("@")
+    kind, *offs = kind.split("!")
     priors = PRIORS
+    if tweaks and not kind.startswith("auto"):
+        raise SystemExit(f"{kind}@...: only auto takes AutoPriors changes")
+    if offs and not kind.startswith("auto"):
+        raise SystemExit(f"{kind}!...: only auto has refinements to take out")
+    for off in offs:
+        if off not in OFF:
+            raise SystemExit(f"!{off}: one of {', '.join(OFF)}")
     if tweaks:
-        if kind != "auto":
-            raise SystemExit(f"{kind}@...: only auto takes AutoPriors changes")
         try:
             changes = {
                 f: type(getattr(PRIORS, f))(v)
@@ -296,10 +535,18 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
         return FixedPolicy(d), max(draft_max, d.k_max)
     if kind == "auto-ngram":
         return AutoPolicy(draft_max, PromptLookup(1, 4), None), draft_max
-    if kind == "auto":
+    if kind in ("auto", "auto+draft"):
         d = SuffixLookup()
+        if "cap-bonus" in offs:
+            d._cap = lambda match, support: max(1, match)  # type: ignore[method-assign]
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
-        return AutoPolicy(draft_max, d, None, priors=priors), max(draft_max, d.k_max)
+        if "walk-floor" in offs:
+            d.min_prob = SuffixLookup.MIN_PROB
+        cls = ablated(tuple(o for o in offs if o not in ("cap-bonus", "walk-floor")))
+        model = SimDraft(**DRAFT_SIM) if kind == "auto+draft" else None
+        return cls(draft_max, d, model, priors=priors), max(draft_max, d.k_max)  # type: ignore[arg-type]
+    if kind == "draft":
+        return FixedPolicy(SimDraft(**DRAFT_SIM)), draft_max
     if kind == "oracle-k":
         d = SuffixLookup()
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
@@ -330,7 +577,18 @@ def main() -> None:
         help="what a single row right after a pass of several rows costs more, in rows (the "
         "machine's): charged to every drafter's replay",
     )
+    ap.add_argument(
+        "--annotate-draft", metavar="PAIR", help="record PAIR's draft model on runs, then exit"
+    )
+    ap.add_argument("--p-min", type=float, default=0.6, help="the draft's --draft-p-min")
+    ap.add_argument("--draft-c", type=float, default=0.3, help="a draft step, in target steps")
+    ap.add_argument("--draft-row", type=float, default=0.3, help="a catch-up row, in draft steps")
+    ap.add_argument("--single-rows", action="store_true", help="the draft decodes row by row")
     a = ap.parse_args()
+    if a.annotate_draft:
+        annotate_draft(a.runs, a.annotate_draft)
+        return
+    DRAFT_SIM.update(p_min=a.p_min, c=a.draft_c, row=a.draft_row, single_rows=a.single_rows)
     runs = json.loads(Path(a.runs).read_text())
     kinds = a.kinds.split(",")
     vtable = {int(n): float(v) for n, v in (x.split(":") for x in a.vtable.split(",") if x)}
