@@ -377,7 +377,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
         "/v1/chat/completions",
         {"messages": [{"role": "tool", "content": "x"}]},
         400,
-        "messages[0].role",
+        "messages[0].tool_call_id",
     ),
     (
         "/v1/chat/completions",
@@ -481,7 +481,7 @@ BAD: list[tuple[str, Any, int, str | None]] = [
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
         400,
-        "tools",
+        "tools[0].function",
     ),
     (
         "/v1/chat/completions",
@@ -493,10 +493,10 @@ BAD: list[tuple[str, Any, int, str | None]] = [
         "/v1/chat/completions",
         {
             "messages": [{"role": "user", "content": "x"}],
-            "response_format": {"type": "json_object"},
+            "response_format": {"type": "json_schema"},
         },
         400,
-        "response_format",
+        "response_format.json_schema",
     ),
     (
         "/v1/chat/completions",
