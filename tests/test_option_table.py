@@ -55,6 +55,10 @@ PINNED = {
     "top_p": ("SPECRUN_TOP_P", SA),
     "min_p": ("SPECRUN_MIN_P", SA),
     "seed": ("SPECRUN_SEED", SA),
+    "repeat_penalty": ("SPECRUN_REPEAT_PENALTY", SA),
+    "repeat_last_n": ("SPECRUN_REPEAT_LAST_N", SA),
+    "presence_penalty": ("SPECRUN_PRESENCE_PENALTY", SA),
+    "frequency_penalty": ("SPECRUN_FREQUENCY_PENALTY", SA),
 }
 # sha256 of _fingerprint() as the table stood before envvar/panel were derived.
 FINGERPRINT = "aff9103a181050b38eeea1e2960a8dd73c69b40ebbb91e6f40b6cf0d3e33245e"
@@ -65,6 +69,10 @@ ADDED = {
         "'Models', \"No draft model: neither the pair's nor the one found on disk for -m TARGET "
         '(as -md none).", None, False, True)'
     ),
+    "repeat_penalty": "('repeat_penalty', \"<class 'float'>\", 1.0, ['--repeat-penalty'], 'SPECRUN_REPEAT_PENALTY', 'Sampling', 'Penalise tokens of the last --repeat-last-n (1 = off), as llama.cpp.', None, False, True)",
+    "repeat_last_n": "('repeat_last_n', \"<class 'int'>\", 64, ['--repeat-last-n'], 'SPECRUN_REPEAT_LAST_N', 'Sampling', 'Tokens the penalties look back over (-1 = all, 0 = off).', None, False, True)",
+    "presence_penalty": "('presence_penalty', \"<class 'float'>\", 0.0, ['--presence-penalty'], 'SPECRUN_PRESENCE_PENALTY', 'Sampling', 'Subtract from tokens seen in the window (0 = off).', None, False, True)",
+    "frequency_penalty": "('frequency_penalty', \"<class 'float'>\", 0.0, ['--frequency-penalty'], 'SPECRUN_FREQUENCY_PENALTY', 'Sampling', 'Subtract per occurrence in the window (0 = off).', None, False, True)",
 }
 
 
@@ -105,7 +113,7 @@ def _fingerprint() -> str:
 def test_every_env_var_and_panel_is_as_users_know_it():
     got = {name: (opt.envvar, opt.rich_help_panel) for name, _t, opt, _d in _rows()}
     assert got == PINNED
-    assert len(got) == len(_rows()) == 43  # no name declared twice
+    assert len(got) == len(_rows()) == 47  # no name declared twice
 
 
 def test_the_rest_of_the_table_is_unchanged():

@@ -473,6 +473,35 @@ SAMPLING_OPTIONS: list[tuple[str, Any, Any, Any]] = [
             ),
             None,
         ),
+        (
+            "repeat_penalty",
+            float,
+            _opt(
+                "--repeat-penalty",
+                help="Penalise tokens of the last --repeat-last-n (1 = off), as llama.cpp.",
+            ),
+            1.0,
+        ),
+        (
+            "repeat_last_n",
+            int,
+            _opt(
+                "--repeat-last-n", help="Tokens the penalties look back over (-1 = all, 0 = off)."
+            ),
+            64,
+        ),
+        (
+            "presence_penalty",
+            float,
+            _opt("--presence-penalty", help="Subtract from tokens seen in the window (0 = off)."),
+            0.0,
+        ),
+        (
+            "frequency_penalty",
+            float,
+            _opt("--frequency-penalty", help="Subtract per occurrence in the window (0 = off)."),
+            0.0,
+        ),
     ),
 ]
 
@@ -653,7 +682,8 @@ def model_options(
 
 
 def sampling_options(**defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add --temp/--top-k/--top-p/--min-p/--seed; the command gets ``params: SamplingParams``."""
+    """Add --temp/--top-k/--top-p/--min-p/--seed and the penalties; the command gets
+    ``params: SamplingParams``."""
     return _inject(SAMPLING_OPTIONS, "params", _build_sampling, (), defaults)
 
 
