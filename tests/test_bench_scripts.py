@@ -22,6 +22,7 @@ MAINTAINED = {
     "rpc_compare",
     "serve_load",
     "server_compare",
+    "prompt_eval",
     "structured_compare",
     "suffix_sim",
     "verify_cost",
