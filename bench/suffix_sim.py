@@ -477,7 +477,6 @@ OFF = {
     "pool": lambda c: setattr(c, "_lookup_prior", lambda self, key: self.priors.accept_prior(key)),
     "lookup-busy": lambda c: setattr(c, "_lookup_busy_c", lambda self, tokens, best: 0.0),
     "sure-retry": lambda c: setattr(c, "_sure_now", lambda self: True),
-    "longer": lambda c: setattr(c, "_longer", property(lambda s: False, lambda s, v: None)),
     "go-on": lambda c: _off_fresh(c, lambda self: setattr(self, "go_on", _GoOnAsGo(self.stop))),
     "first-probe": lambda c: _off_fresh(c, lambda self: setattr(self, "_since", 0)),
     "bursts": _off_bursts,

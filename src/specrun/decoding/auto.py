@@ -182,7 +182,6 @@ class AutoPolicy(Policy):
         # measured yet, the prior's verdict is the least informed one auto will ever make).
         self._since = self.priors.probe_min
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
-        self._longer = False  # the last draft was accepted whole: explore one position further
         self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
         self._probing = False  # the last step was a probe, not the best choice
         # Lookup's proposals, taken or not, scored position by position against the tokens the
@@ -275,9 +274,6 @@ class AutoPolicy(Policy):
             return "lookup", prop_ready
         self._since = 0
         assert self.model is not None
-        if self._longer and s > 0:
-            # "one further": positions past the chosen K are only learnt by drafting them.
-            k = min(k + 1, k_model)
         self._asked = k
         return "draft", self.model.propose(
             tokens,
@@ -508,7 +504,6 @@ class AutoPolicy(Policy):
         if name == "none" or k == 0:
             return
         self._prev_sure = False
-        self._longer = name == "draft" and n_accepted == k
         if name != "draft":
             return  # lookup's proposal is scored with the others (_observe_tokens)
         acc = self._acc("draft")
