@@ -452,14 +452,6 @@ def _off_bursts(cls) -> None:  # type: ignore[no-untyped-def]
     cls._end_burst = lambda self: None
 
 
-def _off_declined_stop(cls) -> None:  # type: ignore[no-untyped-def]
-    def _observe_declined(self, name, draft_s) -> None:  # type: ignore[no-untyped-def]
-        if name == "draft":  # its cost only: as a plain step
-            self._observe_draft(1, draft_s)
-
-    cls._observe_declined = _observe_declined
-
-
 def _off_score_full(cls) -> None:  # type: ignore[no-untyped-def]
     base = cls._observe_tokens
 
@@ -480,7 +472,6 @@ OFF = {
     "go-on": lambda c: _off_fresh(c, lambda self: setattr(self, "go_on", _GoOnAsGo(self.stop))),
     "first-probe": lambda c: _off_fresh(c, lambda self: setattr(self, "_since", 0)),
     "bursts": _off_bursts,
-    "declined-stop": _off_declined_stop,
     "score-full": _off_score_full,
     "cap-bonus": lambda c: None,  # the suffix drafter's (make)
     "walk-floor": lambda c: None,  # the suffix drafter's (make)

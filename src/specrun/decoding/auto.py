@@ -41,8 +41,6 @@ Refinements, by name (what each buys):
 - stop and go-on rates: the draft's stops under --draft-p-min, at its first position and past
   later ones, from its attempts and, for free, from the target's sureness on plain and lookup
   steps; a slower copy of the first gates re-tries.
-- declined draft as a stop: an attempt that proposed nothing is a stop at the first position,
-  neither plain decoding (the draft then looked free) nor a rejection.
 - catch-up priced apart: a draft step is priced from single-row decodes, a catch-up's rows
   apart (lookup is priced with those).
 - deferred prompt: the draft model reads the prompt only where it could pay at all (time to
@@ -457,14 +455,10 @@ class AutoPolicy(Policy):
         self._prev_sure = sure
 
     def _observe_declined(self, name: str, draft_s: float) -> None:
-        """A draft attempt that proposed nothing: it cost a draft step and the step decoded
-        plainly. Counted as a stop at the first position, which the cost model prices (costmodel.
-        speedups), not as plain decoding (a rarely-sure draft then looked free) nor as a
-        rejection (an unsure start then sank the draft's acceptance): "declined draft as a
-        stop"."""
+        """A draft attempt that proposed nothing: it cost a draft step (priced as one, so a
+        rarely-sure draft does not look free) and the step decoded plainly; it ends a burst."""
         if name != "draft":
             return
-        self._stopped(True)
         self._prev_sure = False
         self._observe_draft(1, draft_s)
         self._end_burst()
