@@ -469,7 +469,7 @@ def test_auto_counts_draft_attempts_that_propose_nothing():
 
 
 def test_draft_catch_ups_are_capped():
-    """A probe of the draft model after a stretch without it catches up on PROBE_WINDOW tokens at
+    """A probe of the draft model after a stretch without it catches up on CATCH_UP_WINDOW tokens at
     most (a full catch-up costs a draft row per token generated meanwhile, which on open-ended
     text made auto slower than the target); a draft chosen because it pays, on CATCH_UP_WINDOW."""
     rng = np.random.default_rng(11)
@@ -477,7 +477,7 @@ def test_draft_catch_ups_are_capped():
     policy = AutoPolicy(8, None, model)
     drive(policy, 300, accept_rate=0.05, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
     probes = model.windows[-4:]  # the first drafts are chosen (the prior pays); then probes
-    assert probes and all(w == PRIORS.probe_window for w in probes)
+    assert probes and all(w == PRIORS.catch_up_window for w in probes)
     model.windows.clear()
     drive(policy, 600, accept_rate=0.95, draft_step_s=0.001, t1=0.016, slope=0.05, rng=rng)
     assert model.windows[-50:] == [PRIORS.catch_up_window] * 50
@@ -486,7 +486,7 @@ def test_draft_catch_ups_are_capped():
 def test_a_draft_that_decodes_row_by_row_is_re_tried_on_two_rows():
     """Where the draft model decodes its rows one at a time (AMX: Model.single_rows) each
     catch-up row costs a whole draft step, so a re-try catches up on two rows (what a re-try
-    right after a plain step owes), not PROBE_WINDOW."""
+    right after a plain step owes), not CATCH_UP_WINDOW."""
 
     rng = np.random.default_rng(11)
     model = FakeDraftModel()

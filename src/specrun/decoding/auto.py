@@ -31,8 +31,8 @@ Refinements, by name (what each buys):
   sure, where the draft is likely to propose at all.
 - bursts: a re-try accepted whole re-tries at once; one that proposes nothing ends the burst; a
   re-try resets the backoff only when it now beats what it displaced.
-- re-try window: a re-try catches up on at most ``probe_window`` unseen tokens
-  (``probe_window_single`` where the draft decodes row by row).
+- re-try window: where the draft decodes row by row, a re-try catches up on at most
+  ``probe_window_single`` unseen tokens (elsewhere on ``catch_up_window``, as a chosen draft).
 - catch-up window and price: a draft chosen after another drafter's stretch catches up on at
   most ``catch_up_window`` tokens, and the catch-up owed is priced over ``catch_up_horizon``
   steps.
@@ -259,8 +259,8 @@ class AutoPolicy(Policy):
             self._since = 0
             self._probe_every = min(self.priors.probe_max, self._probe_every * 2)
             key, k, s = "draft", min(2, k_model), 0.0
-            single = self.model is not None and self.model.single_rows
-            window = self.priors.probe_window_single if single else self.priors.probe_window
+            if self.model.single_rows:
+                window = self.priors.probe_window_single
         if lookup_prop is not None:
             self._pending.append([lookup_key, lookup_prop.tokens, 0])
         self.last_choice = (key, k, s)

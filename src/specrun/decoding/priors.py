@@ -38,8 +38,8 @@ class AutoPriors:
     probe_min: int = 8  # steps between re-tries of an unchosen draft model, at first ...
     probe_max: int = 128  # ... doubling up to this
     probe_bar: float = 1.3  # re-try only where a draft accepted whole would pay this much
-    probe_window: int = 16  # a re-try catches up on at most this many unseen tokens ...
-    probe_window_single: int = 2  # ... this many where the draft decodes row by row (AMX)
+    probe_window_single: int = 2  # a re-try catches up on at most this many unseen tokens where
+    # the draft decodes row by row (AMX); elsewhere on catch_up_window, as a chosen draft does
     catch_up_window: int = 16  # a draft chosen after another drafter's stretch: at most this many
     catch_up_horizon: int = 4  # a catch-up owed is priced spread over this many steps
     evidence_weight: float = 1.0  # a catch-up row the draft was sure at, as a first-position try
