@@ -113,7 +113,9 @@ def llama_cmd(exe: str, target: str, draft: str, conf: str, port: int, threads: 
     cmd = [exe, "-m", target, "--jinja", "-t", str(threads), "-c", "4096", "--port", str(port),
            "--host", "127.0.0.1", "-np", "1"]  # fmt: skip
     if conf.startswith("md:"):
-        cmd += ["-md", draft, "--spec-draft-n-max", conf[3:], "-td", str(threads)]
+        # -md only loads the draft: speculation is --spec-type's (default none)
+        cmd += ["--spec-type", "draft-simple", "-md", draft, "--spec-draft-n-max", conf[3:],
+                "-td", str(threads)]  # fmt: skip
     elif conf != "none":
         cmd += ["--spec-type", conf]
     return cmd
