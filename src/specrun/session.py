@@ -11,7 +11,7 @@ from typing import Any
 from specrun import defaults
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.engine import MAX_DRAFT, Engine, SpecConfig
-from specrun.errors import IncompatiblePairError, ModelError, UsageError
+from specrun.errors import IncompatiblePairError, ModelError, SpecrunError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.store import ProgressFn
 
@@ -491,3 +491,22 @@ __all__ = [
     "describe",
     "ModelError",
 ]
+
+
+def fit_for_options(opts: Any) -> Any:
+    """``fit_ctx`` for the model or pair that ``opts`` (a ModelOptions) names, from their
+    GGUF metadata, nothing loaded or pulled; None where they cannot be read yet (a registry model
+    not pulled: the caller keeps its default context)."""
+    from dataclasses import replace
+
+    from specrun.llama.backend import gpu_free_memory
+    from specrun.models.memory import fit_ctx, host_memory
+    from specrun.models.registry import Registry
+
+    try:
+        p = plan(opts, Registry.load(verbose=False), pull=False)
+        infos = [_prevalidate(r.path) for r in (p.target, p.draft) if r is not None]
+        planned, _ = memory_plan(p, replace(opts, mem_check=False), infos)
+    except (SpecrunError, OSError):
+        return None
+    return fit_ctx(planned, host_memory().available + (gpu_free_memory() or 0))

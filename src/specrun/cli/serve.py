@@ -118,7 +118,7 @@ def _fit_context(opts: Any) -> Any:
     (models/memory.py's estimate); the default context where the models cannot be read yet."""
     from dataclasses import replace
 
-    from specrun.models.memory import fit_for_options
+    from specrun.session import fit_for_options
 
     fit = fit_for_options(opts)
     if fit is None:

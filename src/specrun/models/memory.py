@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from specrun.errors import ModelError, UsageError
 from specrun.llama.gguf import GGUFInfo, OmittedValue, matrix_bytes
@@ -477,21 +476,3 @@ __all__ = [
     "plan_memory",
     "Planned",
 ]
-
-
-def fit_for_options(opts: Any) -> CtxFit | None:
-    """``fit_ctx`` for the model or pair that ``opts`` (a session.ModelOptions) names, from their
-    GGUF metadata, nothing loaded or pulled; None where they cannot be read yet (a registry model
-    not pulled: the caller keeps its default context)."""
-    from specrun import session as loader
-    from specrun.errors import SpecrunError
-    from specrun.llama.backend import gpu_free_memory
-    from specrun.models.registry import Registry
-
-    try:
-        p = loader.plan(opts, Registry.load(verbose=False), pull=False)
-        infos = [loader._prevalidate(r.path) for r in (p.target, p.draft) if r is not None]
-        planned, _ = loader.memory_plan(p, replace(opts, mem_check=False), infos)
-    except (SpecrunError, OSError):
-        return None
-    return fit_ctx(planned, host_memory().available + (gpu_free_memory() or 0))
