@@ -12,10 +12,10 @@ PYTEST_ARGS ?=
 # scripts/build-llama.sh and by the tests (pyproject.toml only bounds what specrun runs on).
 LLAMA_CPP_VERSION := $(shell cat patches/PIN)
 LLAMA_CPP_PIN := llama-cpp-python==$(LLAMA_CPP_VERSION)
-# GGML_LLAMAFILE=ON, with patches/ (sgemm-prompts): llamafile's tinyBLAS sums a row otherwise than
-# the kernels a single row takes, so it may only take batches longer than any verify pass (66+
-# rows: a prompt's, computed alike whether or not a run speculates), where it is fast (F16 and
-# F32 prompts 1.1-1.6x). Verify passes and single rows take ggml's own kernels, row-exact: a row
+# GGML_LLAMAFILE=ON, with patches/ (sgemm-prompts, sgemm-by-pass): llamafile's tinyBLAS sums a
+# row otherwise than the kernels a single row takes, so it may only take a prompt's passes
+# (computed alike whether or not a run speculates), where it is fast (F16 and F32 prompts
+# 1.1-1.6x). Verify passes and single rows take ggml's own kernels, row-exact: a row
 # verified among K+1 gets the logits it gets alone, bit for bit (README.md, "Install it your way").
 # GGML_RPC=ON: llama.cpp's RPC backend, for `specrun worker` and `--rpc` (README.md, "Across
 # machines").
