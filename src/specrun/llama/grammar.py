@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,9 +104,17 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(ll.llama_token_data)
 
 
+_FD2 = threading.Lock()  # one redirection of fd 2 at a time (a server compiles on two threads)
+
+
 @contextlib.contextmanager
 def _stderr_to(lines: list[str]) -> Iterator[None]:
     """What the process writes to fd 2 meanwhile, appended to ``lines`` instead."""
+    with _FD2:
+        yield from _stderr_to_locked(lines)
+
+
+def _stderr_to_locked(lines: list[str]) -> Iterator[None]:
     import os
     import sys
     import tempfile
@@ -140,15 +149,26 @@ class Grammar:
         self._arr.sorted = False
 
     @classmethod
-    def compile(cls, model: Any, gbnf: str, root: str = "root", param: str = "grammar") -> Grammar:
+    def compile(
+        cls,
+        model: Any,
+        gbnf: str,
+        root: str = "root",
+        param: str = "grammar",
+        checked: bool = False,
+    ) -> Grammar:
         """``gbnf`` against ``model``'s vocabulary; a GrammarError with llama.cpp's own words when
-        it does not parse."""
+        it does not parse. ``checked``: it compiled before (a server checks a request's grammar
+        on arrival), so nothing is captured."""
         init_backend()
         lines: list[str] = []
-        # llama.cpp's grammar parser prints its reason with fprintf(stderr): taken from fd 2 for
-        # the call (milliseconds), so the error names it and the terminal stays clean.
-        with capture_load_log(lines), _stderr_to(lines):
+        if checked:
             smpl = ll.llama_sampler_init_grammar(model._vocab, gbnf.encode(), root.encode())
+        else:
+            # llama.cpp's grammar parser prints its reason with fprintf(stderr): taken from fd 2
+            # for the call (milliseconds), so the error names it and the terminal stays clean.
+            with capture_load_log(lines), _stderr_to(lines):
+                smpl = ll.llama_sampler_init_grammar(model._vocab, gbnf.encode(), root.encode())
         if not smpl:
             text = [ln.strip() for chunk in lines for ln in chunk.splitlines() if ln.strip()]
             why = next(

@@ -129,7 +129,7 @@ class EngineWorker:
                 if req.structured.gbnf:  # a fresh grammar state per completion
                     from specrun.llama.grammar import Grammar
 
-                    constraint = Grammar.compile(engine.target, req.structured.gbnf)
+                    constraint = Grammar.compile(engine.target, req.structured.gbnf, checked=True)
                 gen = engine.generate(
                     job.tokens,
                     max_tokens=req.max_tokens or 0,
