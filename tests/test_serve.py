@@ -35,9 +35,9 @@ Q = "Name three colours."
 class Server:
     """A `specrun serve` child: its URL from the 'listening on' line; stderr kept."""
 
-    def __init__(self, *extra: str, wait: bool = True) -> None:
+    def __init__(self, *extra: str, wait: bool = True, base: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [*CLI, *BASE, *extra],
+            [*CLI, *(BASE if base is None else base), *extra],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

