@@ -13,6 +13,9 @@ The probe, on a few short built-in prompts, greedy:
 
 Greedy speculation must reproduce the target alone token for token: every draft run is compared
 with the target's own run on the same prompt (``identical``).
+
+This module is on `specrun --help`'s import path (cli/models.py and cli/draft.py import it): what
+the measurements need (the engine, numpy, llama/, models.drafts) is imported where used.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specrun.decoding import costmodel
+from specrun.errors import UsageError
 from specrun.models import compat
 
 if TYPE_CHECKING:
@@ -48,8 +53,6 @@ class ProbeSettings:
     prompts: tuple[str, ...] = PROMPTS
 
     def validate(self) -> None:
-        from specrun.errors import UsageError
-
         if self.max_tokens < 8:
             raise UsageError(f"the probe needs at least 8 tokens per run, got {self.max_tokens}")
         if not 1 <= self.learn_k <= 32:
@@ -189,8 +192,6 @@ def probe(
     t_start = time.perf_counter()
     room = min(target.n_ctx, draft.n_ctx) - s.max_tokens - s.learn_k - 2
     if room <= 8:
-        from specrun.errors import UsageError
-
         raise UsageError(f"a context of {target.n_ctx} tokens is too small for the probe")
     prompts = [encode(target, p)[-room:] for p in s.prompts]
 
@@ -365,8 +366,6 @@ def rank_drafts(
 ) -> tuple[list[DraftRank], list[Any]]:
     """Every local model that could draft for the target (``models.drafts.candidates``),
     probed and ranked by measured speed-up, best first; and those left out, with why."""
-    from pathlib import Path
-
     from specrun.llama.model import LoadOptions, Model
     from specrun.models import drafts
 
@@ -415,8 +414,6 @@ def remembered_draft(target_path: Any) -> tuple[bool, tuple[Any, int | None] | N
     """(known, the choice) remembered for this very target file, probing nothing: known is
     False when nothing is remembered (or the draft remembered is gone); the choice is None when
     it was "none pays", else (the draft's path, its draft_max)."""
-    from pathlib import Path
-
     from specrun.models import drafts
 
     target_path = Path(target_path)
@@ -430,8 +427,6 @@ def remembered_draft(target_path: Any) -> tuple[bool, tuple[Any, int | None] | N
 def remembered_figures(target_path: Any) -> dict[str, Any]:
     """What the probe measured for the draft remembered for this target (name, speedup,
     draft_max), or {}."""
-    from pathlib import Path
-
     from specrun.models import drafts
 
     try:
@@ -452,8 +447,6 @@ def best_draft_for(
     """The draft that pays best for this target file among the models on disk, and its
     draft_max: remembered per target file (``models.drafts.remember``), else found by
     ``rank_drafts`` and remembered. None when none is compatible or none pays."""
-    from pathlib import Path
-
     from specrun.models import drafts
 
     target_path = Path(target_path)

@@ -18,6 +18,10 @@ from importlib import resources
 from typing import Any
 
 from specrun.benchmark.suite import Prompt, load_suite
+from specrun.decoding.engine import Engine, SpecConfig
+from specrun.decoding.priors import PRIORS
+from specrun.models.registry import Registry
+from specrun.session import ModelOptions, load_engine
 
 WORKLOADS = str(resources.files("specrun").joinpath("data/workloads.jsonl"))
 SINGLE = "single"  # the category of the prompts that go by name
@@ -68,8 +72,6 @@ def converse(conversations: Iterable[Sequence[str]], turn: Callable[[list], str]
 def pair_files(pair: str) -> tuple[str, str]:
     """A registry pair's target and draft files (pulled if missing), for a server of another
     program started on them."""
-    from specrun.models.registry import Registry
-
     reg = Registry.load()
     entry = reg.pairs[pair]
     return str(reg.ensure(entry.target)), str(reg.ensure(entry.draft))
@@ -87,8 +89,6 @@ def load_pair(
     """A registry pair loaded as the command line loads it (session: the pair resolved and
     pulled, validated, the memory checked, the pair's vocabularies checked), without auto's
     calibration: (the Loaded, to close; the target; the draft, None with ``draft=False``)."""
-    from specrun.session import ModelOptions, load_engine
-
     opts = ModelOptions(
         pair=pair,
         mode="draft" if draft else "none",
@@ -109,9 +109,6 @@ def make_engine(target: Any, draft: Any, mode: str, k: int | None, p_min: float)
     ngram (the n-gram lookup before it), hybrid, auto, auto-ngram);
     ``auto@FIELD=VALUE[;FIELD=VALUE]`` runs auto with those AutoPriors fields changed (a tuning
     experiment against plain ``auto`` in the same run)."""
-    from specrun.decoding.engine import Engine, SpecConfig
-    from specrun.decoding.priors import PRIORS
-
     mode, _, tweaks = mode.partition("@")
     kind = "ngram" if mode.endswith("ngram") else "suffix"
     m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)

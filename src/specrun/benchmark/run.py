@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,8 +285,6 @@ def run_bench(
     warn: Callable[[str], None] | None = None,
 ) -> BenchResult:
     """Measure every configuration on every prompt (see the module docstring for the method)."""
-    import time
-
     settings.validate()
     tick = progress or (lambda _d: None)
     say = warn or (lambda _m: None)

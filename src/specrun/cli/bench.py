@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from specrun.cli.common import Streams, err_console, load_engine
 from specrun.cli.console import console
@@ -310,8 +311,6 @@ def _run_with_progress(
 
 
 def rich_table(rows: Any, columns: Any, title: str | None = None) -> Any:
-    from rich.table import Table
-
     from specrun.benchmark import report as bench_report
 
     head, body = bench_report.table_data(rows, columns)

@@ -14,6 +14,7 @@ import typer
 from specrun.cli.common import Streams, load_engine
 from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 from specrun.errors import SpecrunError, UsageError
+from specrun.paths import state_dir
 
 PROMPT = ">>> "
 CONT = "... "
@@ -107,8 +108,6 @@ def register(app: typer.Typer) -> None:
         Type /help inside for the commands. Multi-line input: end a line with a backslash, or
         open a block with \"\"\" and close it with \"\"\". Ctrl-C stops a reply, Ctrl-D exits.
         """
-        from specrun.paths import state_dir
-
         if max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
         from specrun.chat_template import parse_kwargs

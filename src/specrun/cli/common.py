@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from specrun.cli.console import console
 from specrun.cli.progress import PullProgress
+from specrun.models.registry import Registry
 
 if TYPE_CHECKING:
     from specrun import session
@@ -75,7 +76,6 @@ def _last_words(line: str) -> None:
 def load_engine(opts: Any, streams: Streams) -> session.Loaded:
     """Resolve (pulling what is missing, with progress bars) and load (with a spinner), on a terminal."""
     from specrun import session
-    from specrun.models.registry import Registry
 
     if opts.rpc:
         from specrun.llama.rpc import set_fatal_handler

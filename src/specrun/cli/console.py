@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+
 
 def console(*, stderr: bool = True, **kw: Any) -> Any:
     """A Rich console: stderr unless told, numbers not highlighted (``kw``: Rich's own, e.g.
     file, width, force_terminal)."""
-    from rich.console import Console
-
     kw.setdefault("highlight", False)
     return Console(stderr=stderr, **kw)

@@ -25,6 +25,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+from rich.console import Group
+from rich.panel import Panel
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
 from specrun.cli import terminal
 from specrun.cli.console import console
 from specrun.decoding.engine import Result, Step
@@ -229,8 +235,6 @@ def render_footer(
     """The live footer: three lines (a rule, the figures, per-position acceptance). K is shown
     against the cap of the drafter that ran: ``draft_max`` for the draft model, ``lookup_max``
     (the suffix drafter may propose longer) for lookup."""
-    from rich.text import Text
-
     t = Text(no_wrap=True, overflow="crop", end="")
     t.append("─" * 3 + " specrun " + "─" * 200, style="dim")
     t.append("\n")
@@ -269,11 +273,6 @@ def render_footer(
 
 def render_summary(result: Result, draft_max: int | None = None, width: int = 90) -> RenderableType:
     """The end-of-run summary: one screen at most (K + 10 lines or so), ``width`` columns."""
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
-
     s = result.stats
     d = s.to_dict()
     head = Table.grid(padding=(0, 2))
@@ -362,8 +361,6 @@ class LiveDisplay:
         clock: Callable[[], float] = time.perf_counter,
         mute_input: bool = True,
     ) -> None:
-        from rich.style import Style
-
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.footer = footer

@@ -30,9 +30,10 @@ from specrun.cli.models import (
     print_check,
     save_pair,
 )
-from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads
+from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads, parse_ngl
 from specrun.cli.progress import PullProgress
-from specrun.errors import ModelError, UsageError
+from specrun.errors import IncompatiblePairError, ModelError, UsageError
+from specrun.models.derive import quantize_file
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.probe import ProbeSettings
 
@@ -78,8 +79,6 @@ def output_paths(target_name: str, quants: list[str], out: Path | None, sweep: b
 
 def quantize_atomic(src: Path, dest: Path, quant: str, threads: int | None) -> Path:
     """Re-quantize ``src`` into ``dest`` through a part file and a rename."""
-    from specrun.models.derive import quantize_file
-
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # a file where the folder should be
@@ -176,14 +175,11 @@ def make(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
 ) -> None:
     """Re-quantize a target into a draft model, probe whether it pays, optionally register it."""
-    from specrun.probe import ProbeSettings
-
     quants = parse_quants(quant, sweep)
     settings = ProbeSettings(max_tokens=max_tokens, learn_k=draft_max, repeats=repeats)
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from specrun.cli.options import parse_ngl
 
     ngl_n = parse_ngl(ngl, "--ngl")
     if name is not None and not name.strip():
@@ -266,8 +262,6 @@ def make(
                 soft_wrap=True,
             )
     if any(not r["compatible"] for r in results):
-        from specrun.errors import IncompatiblePairError
-
         raise IncompatiblePairError(
             "a re-quantized draft is incompatible with its target (see above)"
         )

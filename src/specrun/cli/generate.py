@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import stat
 import sys
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,8 +41,6 @@ def _hint_while_stdin_is_silent(wait: float = 5.0) -> None:
     if not sys.stderr.isatty():
         return
     try:
-        import select
-
         ready, _, _ = select.select([sys.stdin], [], [], wait)
     except (OSError, ValueError):
         return
@@ -255,8 +257,6 @@ def generate(
             return Grammar.compile(engine.target, gbnf[0], param=gbnf[1])
 
         constraint_of_run = constraint()  # an invalid grammar fails here, before any output
-        from contextlib import nullcontext
-        from dataclasses import replace
 
         from specrun.cli.display import sink_for, summary_line
         from specrun.decoding.engine import Result
@@ -403,7 +403,6 @@ def _grammar_text(
         value = _read_text(value, name)
     if name != "--json-schema":
         return value, name
-    import json
 
     from specrun.llama.grammar import schema_to_gbnf
 

@@ -16,6 +16,9 @@ import typer
 
 from specrun.cli.options import model_options
 from specrun.errors import ModelError, SpecrunError
+from specrun.models import compat
+from specrun.models.hub import quant_tags
+from specrun.models.registry import Registry
 
 
 def register(app: typer.Typer) -> None:
@@ -92,8 +95,6 @@ def _amx_state() -> str | None:
 def _model_facts(
     role: str, name: str, path: Any, info: Any, shape: Any, planned: Any, opts: Any
 ) -> dict[str, Any]:
-    from specrun.models.hub import quant_tags
-
     ftype = info.get("general.file_type")
     quant = quant_tags([path.name])
     return {
@@ -126,9 +127,7 @@ def models_info(opts: Any, explicit: bool) -> dict[str, Any]:
     from specrun import session as loader
     from specrun.llama.buffers import amx_holds_weights
     from specrun.llama.model import LoadOptions, Model
-    from specrun.models import compat
     from specrun.models.memory import ModelShape, host_memory
-    from specrun.models.registry import Registry
 
     registry = Registry.load(verbose=opts.verbose)
     try:

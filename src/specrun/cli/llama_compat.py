@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from specrun.errors import UsageError
+from specrun.models.hub import parse_hub_spec
 
 # llama.cpp's long spellings of options, accepted but left out of --help (where they would crowd
 # the column of names). Given, they stand for the option.
@@ -92,7 +93,6 @@ def translate(kw: dict[str, Any], src: dict[str, str]) -> None:
             continue
         if kw.get(plain) is not None:
             raise UsageError(f"give either {flag} or {'-m' if flag == '-hf' else '-md'}, not both")
-        from specrun.models.hub import parse_hub_spec
 
         if parse_hub_spec(repo) is None:
             raise UsageError(f"{flag} takes a Hugging Face repo, USER/REPO[:QUANT]; got {repo!r}")

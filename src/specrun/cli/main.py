@@ -5,10 +5,20 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from importlib import metadata
 from typing import Annotated
 
 import typer
 
+from specrun import __version__
+from specrun.cli.bench import register as register_bench
+from specrun.cli.chat import register as register_chat
+from specrun.cli.draft import register as register_draft
+from specrun.cli.generate import register as register_generate
+from specrun.cli.info import register as register_info
+from specrun.cli.models import app as models_app
+from specrun.cli.serve import register as register_serve
+from specrun.cli.worker import register as register_worker
 from specrun.errors import SpecrunError
 
 app = typer.Typer(
@@ -24,10 +34,6 @@ app = typer.Typer(
 def _print_version(value: bool) -> None:
     if not value:
         return
-    from importlib import metadata
-
-    from specrun import __version__
-
     try:
         llama = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
@@ -53,29 +59,13 @@ def _root(
 
 
 def _mount_subcommands() -> None:
-    from specrun.cli.generate import register as register_generate
-
     register_generate(app)
-    from specrun.cli.models import app as models_app
-
     app.add_typer(models_app, name="models", help="List, pull, locate and remove registry models.")
-    from specrun.cli.chat import register as register_chat
-
     register_chat(app)
-    from specrun.cli.bench import register as register_bench
-
     register_bench(app)
-    from specrun.cli.draft import register as register_draft
-
     register_draft(app)
-    from specrun.cli.info import register as register_info
-
     register_info(app)
-    from specrun.cli.serve import register as register_serve
-
     register_serve(app)
-    from specrun.cli.worker import register as register_worker
-
     register_worker(app)
 
 

@@ -19,12 +19,20 @@ from rich.table import Table
 
 from specrun.cli.common import spinner
 from specrun.cli.console import console
-from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads
+from specrun.cli.options import ProbeDraftMax, ProbeMaxTokens, ProbeRepeats, ProbeThreads, parse_ngl
 from specrun.cli.progress import PullProgress
 from specrun.errors import IncompatiblePairError, ModelError, RegistryError, UsageError
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.toml import UserEntry, update_user_registry
-from specrun.probe import ProbeSettings
+from specrun.probe import (
+    DraftRank,
+    ProbeSettings,
+    compatibility,
+    probe,
+    rank_drafts,
+    recommended,
+    summary_rows,
+)
 
 if TYPE_CHECKING:
     from specrun.llama.model import Model
@@ -132,7 +140,7 @@ def list_models(
 def _local_rows(reg: Registry) -> list[dict[str, Any]]:
     """Every GGUF on disk (the registry's present models and the other tools' stores), with
     what its header says; a file llama.cpp cannot load carries the reason in ``problem``."""
-    from specrun.models import drafts, stores
+    from specrun.models import drafts, stores  # deferred: keeps --help light
 
     out = []
     for m in drafts.local_models(reg, dedupe=False):
@@ -187,7 +195,6 @@ def drafts(
     """Rank every model on disk that could draft for TARGET (compatible vocabulary, under half
     its size) by a short measured probe; say why the others were left out."""
     from specrun.models import drafts as drafts_mod
-    from specrun.probe import DraftRank, rank_drafts
 
     reg = _load()
     t = reg.resolve(target, pull=False)
@@ -368,13 +375,11 @@ def check(
         raise UsageError("--save with -m/-md needs --name NAME for the pair")
     if name and not save:
         raise UsageError("--name goes with --save")
-    from specrun.probe import ProbeSettings
 
     settings = ProbeSettings(max_tokens=max_tokens, learn_k=draft_max, repeats=repeats)
     settings.validate()
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    from specrun.cli.options import parse_ngl
 
     ngl_n = parse_ngl(ngl, "--ngl")
 
@@ -449,7 +454,6 @@ def check_pair(
     from specrun.decoding import calibrate
     from specrun.llama.gguf import validate_gguf
     from specrun.llama.model import LoadOptions, Model
-    from specrun.probe import compatibility, probe, recommended
 
     n_ctx = 256 + (settings.max_tokens + settings.learn_k if settings else 0)
     opts = LoadOptions(n_ctx=n_ctx, n_gpu_layers=ngl, n_threads=threads, n_batch=min(512, n_ctx))
@@ -519,7 +523,6 @@ def print_check(con: Console, out: dict[str, Any]) -> None:
     pr = out["probe"]
     if pr is None:
         return
-    from specrun.probe import summary_rows
 
     table = Table(
         title=f"probe: {pr['settings']['prompts']} prompts x {pr['settings']['max_tokens']} tokens, greedy",

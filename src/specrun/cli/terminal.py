@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any, TextIO
 
+from rich.cells import cell_len
+
 HIDE_CURSOR = "\x1b[?25l"
 SHOW_CURSOR = "\x1b[?25h"
 # Synchronized output (DEC mode 2026): the terminal shows an erase-and-redraw as one frame.
@@ -31,8 +33,6 @@ def erase(height: int) -> str:
 
 def cells(text: str) -> int:
     """The columns ``text`` takes on a terminal (wide characters two, combining marks none)."""
-    from rich.cells import cell_len
-
     return int(cell_len(text))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrun import defaults
+from specrun.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,6 @@ class SamplingParams:
         return self.temp <= 0.0
 
     def validate(self) -> None:
-        from specrun.errors import UsageError
-
         if not np.isfinite(self.temp) or self.temp < 0:
             raise UsageError(f"--temp must be >= 0 (0 = greedy), got {self.temp}")
         if self.top_k < 0:

@@ -20,6 +20,7 @@ tokens. Proposals are deterministic (``dists=None``), as prompt lookup's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import deque
 from collections.abc import Iterable
@@ -261,8 +262,6 @@ class LookupFile:
 def vocab_key(model: Target) -> str:
     """The target's vocabulary, as a short key: its size and a hash of a sample of token texts
     (a store of token ids means nothing under another vocabulary)."""
-    import hashlib
-
     n = int(model.n_vocab)
     h = hashlib.sha1(str(n).encode())
     if n:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import re
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +37,6 @@ def _log_sink(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # p
     if _log_capture is not None:
         _log_capture.append(line)
     if _log_verbose:
-        import sys
-
         sys.stderr.write(line)
 
 
@@ -257,8 +258,6 @@ def missing_api() -> list[str]:
 
 def llama_cpp_requirement() -> str:
     """The llama-cpp-python versions this specrun was installed to run on (its metadata)."""
-    from importlib import metadata
-
     with contextlib.suppress(metadata.PackageNotFoundError):
         for req in metadata.requires("specrun") or []:
             m = re.match(r"llama[-_]cpp[-_]python\s*([^;]*)", req, re.IGNORECASE)
@@ -346,8 +345,6 @@ def cpu_name() -> str:
                     return line.partition(":")[2].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 

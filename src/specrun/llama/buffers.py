@@ -13,6 +13,7 @@ import llama_cpp as ll
 
 from specrun.errors import SpecrunError
 from specrun.llama.backend import init_backend, system_info
+from specrun.llama.gguf import matrix_bytes, validate_gguf
 
 _extra_bufts: dict[str, int] | None = None
 AMX_OPT_IN = "SPECRUN_ALLOW_AMX"
@@ -118,8 +119,6 @@ _AMX_EXTRA = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}
 
 def amx_bytes(tname: str, rows: int, cols: int) -> int:
     """What AMX's copy of a matrix takes (its packed layout, beside the mapped file)."""
-    from specrun.llama.gguf import matrix_bytes
-
     return matrix_bytes(tname, rows, cols, _AMX_EXTRA.get(tname, 0))
 
 
@@ -191,7 +190,6 @@ def weight_buffers(path: Path, mparams: Any, offloads: bool, single_rows: bool, 
         if amx_bad or exact:
             mparams.use_extra_bufts = False
         return None
-    from specrun.llama.gguf import validate_gguf
 
     try:
         info = validate_gguf(path, check_tensors=True)

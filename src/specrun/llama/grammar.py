@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -115,10 +118,6 @@ def _stderr_to(lines: list[str]) -> Iterator[None]:
 
 
 def _stderr_to_locked(lines: list[str]) -> Iterator[None]:
-    import os
-    import sys
-    import tempfile
-
     try:
         sys.stderr.flush()
         saved = os.dup(2)

@@ -18,6 +18,12 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import llama_cpp as ll
+from jinja2 import TemplateSyntaxError
+from jinja2.exceptions import SecurityError
+from jinja2.exceptions import TemplateError as JinjaError
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
 from specrun.errors import SpecrunError
 
 
@@ -27,9 +33,6 @@ class TemplateError(SpecrunError):
 
 @lru_cache(maxsize=8)
 def _formatter(source: str, bos_token: str, eos_token: str, add_generation_prompt: bool) -> Any:
-    from jinja2 import TemplateSyntaxError
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
     try:
         return Jinja2ChatFormatter(
             template=source,
@@ -58,9 +61,6 @@ def render(
 ) -> str:
     """The prompt text for ``messages``; ``kwargs`` (``tools``, ``enable_thinking``, ...) go to
     the template as variables, as transformers and llama-cpp-python pass them."""
-    from jinja2.exceptions import SecurityError
-    from jinja2.exceptions import TemplateError as JinjaError
-
     formatter = _formatter(source, bos_token, eos_token, add_generation_prompt)
     try:
         return str(formatter(messages=list(messages), **kwargs).prompt)
@@ -77,8 +77,6 @@ def render(
 @lru_cache(maxsize=1)
 def builtin_names() -> tuple[str, ...]:
     """The names of llama.cpp's built-in chat formats (``llama_chat_builtin_templates``), sorted."""
-    import llama_cpp as ll
-
     n = int(ll.llama_chat_builtin_templates(None, 0))
     names = (ctypes.c_char_p * max(n, 1))()
     n = min(int(ll.llama_chat_builtin_templates(names, n)), len(names))
@@ -91,8 +89,6 @@ def render_builtin(
     """The prompt text of ``messages`` in llama.cpp's built-in format ``name``, by llama.cpp's own
     ``llama_chat_apply_template`` (as llama-server renders ``--chat-template NAME``): text
     contents only, no template variables."""
-    import llama_cpp as ll
-
     chat = (ll.llama_chat_message * max(len(messages), 1))()
     keep: list[bytes] = []  # the bytes the structs point into, alive until the call returns
     for i, m in enumerate(messages):

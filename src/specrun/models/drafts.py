@@ -12,6 +12,7 @@ keyed by the target file (its path, size and mtime), so the next run takes it wi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -136,8 +137,6 @@ def _key(target: Path) -> tuple[str, dict[str, Any]]:
 
 
 def _read() -> dict[str, Any]:
-    import json
-
     try:
         data = json.loads(memory_file().read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):

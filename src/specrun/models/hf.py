@@ -9,10 +9,12 @@ continuing what an interrupted pull left (``_resume_blob``). huggingface_hub is 
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from specrun.errors import PullError, RegistryError
 from specrun.models.entries import ModelEntry
@@ -142,8 +144,6 @@ def _download(
     desc: str,
     force: bool,
 ) -> Path:
-    import inspect
-
     from huggingface_hub import hf_hub_download
 
     kwargs: dict[str, Any] = {
@@ -255,8 +255,6 @@ def _resume_blob(
     the snapshot. A file without etag or size, or a Xet one (hf_xet resumes by itself), is left
     to ``hf_hub_download``.
     """
-    from urllib.parse import urlsplit
-
     from filelock import FileLock, Timeout
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get

@@ -15,6 +15,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from specrun.errors import ModelError, UsageError
+from specrun.llama.buffers import amx_bytes, amx_fits, layer_placement
 from specrun.llama.gguf import GGUFInfo, OmittedValue, matrix_bytes
 
 # llama.cpp's KV cache types (ggml type id, bytes per block, elements per block): `--cache-type-k`.
@@ -46,7 +47,6 @@ def _copied_bytes(info: GGUFInfo, target: bool, amx: bool) -> int:
     repacked = TARGET_REPACKED_TYPES if target else REPACKED_TYPES
     if not amx:
         return sum(info.layer_bytes_by_type.get(t, 0) for t in repacked)
-    from specrun.llama.buffers import amx_bytes, amx_fits, layer_placement
 
     stands, wheres = layer_placement(info.layer_matrices, target, True, True)
     total = 0

@@ -73,7 +73,7 @@ def norm(name: str) -> str:
 
 def download(specs: list[str], dest: Path, progress: ProgressFn) -> dict[str, Path]:
     """Download one wheel per requirement into ``dest``; spec -> wheel path."""
-    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.requirements import InvalidRequirement, Requirement  # deferred: --help
 
     out: dict[str, Path] = {}
     for spec in specs:
@@ -87,7 +87,7 @@ def download(specs: list[str], dest: Path, progress: ProgressFn) -> dict[str, Pa
 
 
 def _best_link(req: Requirement, spec: str) -> _Link:
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename  # deferred: --help
     from packaging.version import Version
 
     pinned = any(s.operator in ("==", "===") for s in req.specifier)

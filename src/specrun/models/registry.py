@@ -253,7 +253,7 @@ class Registry:
         """``spec`` found in another tool's store (read, never written): its file; None when no
         store has it. Found there and elsewhere too (the registry, a second store, the hub cache
         under another file): an error naming every place."""
-        from specrun.models import stores
+        from specrun.models import stores  # deferred: --help's path (stores reads GGUF headers)
 
         local = stores.lookup(spec)
         if spec.startswith("ollama:") and not local:

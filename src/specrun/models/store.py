@@ -98,7 +98,7 @@ def glob_escape(s: str) -> str:
 @contextlib.contextmanager
 def locked(dest: Path, progress: ProgressFn) -> Iterator[None]:
     """Hold ``DEST.lock``; a second puller of the same model waits here, then finds it present."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock, Timeout  # deferred: keeps --help light
 
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)

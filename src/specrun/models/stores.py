@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specrun.errors import ModelError
+from specrun.llama.gguf import TOKENS_KEY, validate_gguf
 from specrun.models.archs import FILE_TYPES, LLAMA_ARCHS
 from specrun.models.hub import (
     hf_cache_dir,
@@ -335,8 +336,6 @@ class GGUFFacts:
 def facts(path: Path, keep_tokens: bool = False) -> GGUFFacts:
     """Read the GGUF's header with the validator (llama/gguf.py): never raises; a file that
     llama.cpp cannot load gets ``problem``."""
-    from specrun.llama.gguf import TOKENS_KEY, validate_gguf
-
     try:
         info = validate_gguf(path, check_tensors=False, load_arrays=[TOKENS_KEY])
     except ModelError as exc:

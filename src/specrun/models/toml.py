@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -402,7 +402,6 @@ def _find_table(doc: Any, section: str, name: str) -> Any:
     """The ``[section.name]`` table of a tomlkit document, however the user spelled it: quoted
     (``[pairs."qwen2.5-x"]``), dotted (``[models.qwen2.5-coder]`` is models -> qwen2 -> 5-coder
     to TOML, as ``_flatten`` reads it), or inline (``mine = { ... }`` under ``[pairs]``)."""
-    from collections.abc import MutableMapping
 
     def walk(tbl: Any, parts: list[str]) -> Any:
         for i in range(len(parts), 0, -1):
@@ -440,7 +439,7 @@ def edit_registry_text(text: str, entries: Iterable[UserEntry]) -> str:
     rewritten where it stands (any TOML value, a list spread over several lines too), a missing
     key goes after the table's last key, a missing table is appended at the end of the file.
     """
-    import tomlkit
+    import tomlkit  # deferred: keeps --help light
     from tomlkit.exceptions import TOMLKitError
 
     try:
@@ -469,7 +468,7 @@ def update_user_registry(entries: list[UserEntry], path: Path | None = None) -> 
     ``edit_registry_text``), load the result with the built-in registry under it, and only if
     that succeeds put it in place with a rename. A symlinked models.toml is written through.
     """
-    from filelock import FileLock
+    from filelock import FileLock  # deferred: keeps --help light
 
     dest = path if path is not None else paths.user_registry_file()
     if dest.is_symlink():

@@ -7,6 +7,6 @@ __all__ = ["serve"]
 
 
 def serve(*args, **kwargs):  # type: ignore[no-untyped-def]
-    from specrun.server.run import serve as _serve
+    from specrun.server.run import serve as _serve  # deferred: fastapi, uvicorn on a call only
 
     return _serve(*args, **kwargs)

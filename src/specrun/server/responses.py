@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from typing import Any
+
+from specrun.tools import HoldBack, parse
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
@@ -191,16 +194,12 @@ def sse(obj: dict[str, Any] | str) -> bytes:
 
 
 def hold_back(st: Any) -> Any:
-    from specrun.tools import HoldBack
-
     return HoldBack(st.fmt, everything=st.forces_call)
 
 
 def tool_choices(body: dict[str, Any], results: list[Any], st: Any) -> None:
     """A whole reply's choices with the calls the model made: ``message.tool_calls`` and
     ``finish_reason: "tool_calls"``; what it said besides stays ``content`` (null if nothing)."""
-    from specrun.tools import parse
-
     for c, r in zip(body["choices"], results, strict=True):
         said = c["message"].get("content")  # after the reasoning, if it was split off
         content, calls = parse(st.fmt, r.text if said is None else said, st.tools)
@@ -273,8 +272,6 @@ def completion_logprobs(probs: list[Any], piece: Any, offset: int = 0) -> dict[s
 def native_probs(probs: list[Any], piece: Any, post: bool) -> list[dict[str, Any]]:
     """llama-server's ``completion_probabilities``: ``{id, token, bytes, logprob, top_logprobs}``
     per token, or with ``post_sampling_probs`` ``prob`` and ``top_probs`` (probabilities)."""
-    import math
-
     out = []
     for p in probs:
         text, raw = _tok(piece, p.token)

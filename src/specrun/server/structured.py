@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specrun.llama.grammar import JSON_OBJECT_GBNF, GrammarError, schema_to_gbnf
 from specrun.server.errors import bad
+from specrun.tools import call_grammar
 
 
 @dataclass
@@ -32,9 +34,6 @@ class Structured:
 
     def call_grammar(self, fmt: str) -> str:
         """The grammar of a reply that is a call (tool_choice required or named)."""
-        from specrun.llama.grammar import schema_to_gbnf
-        from specrun.tools import call_grammar
-
         tools = self.tools
         if self.tool_choice == "function":
             tools = [t for t in tools if t["function"]["name"] == self.tool_name]
@@ -48,8 +47,6 @@ def _kind(v: Any) -> str:
 
 
 def _schema_gbnf(schema: Any, param: str) -> str:
-    from specrun.llama.grammar import GrammarError, schema_to_gbnf
-
     try:
         return schema_to_gbnf(schema, param)
     except GrammarError as exc:
@@ -140,8 +137,6 @@ def parse_structured(body: dict[str, Any], kind: str) -> Structured:
                     ("response_format.schema", _schema_gbnf(schema, "response_format.schema"))
                 )
             else:
-                from specrun.llama.grammar import JSON_OBJECT_GBNF
-
                 sources.append(("response_format", JSON_OBJECT_GBNF))
         elif t == "json_schema":
             js = rf.get("json_schema")
