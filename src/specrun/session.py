@@ -23,7 +23,7 @@ MAX_CTX = (1 << 31) - 1  # llama.cpp's n_ctx is a uint32
 
 @dataclass
 class ModelOptions:
-    """Everything CONTRACT.md lists under 'Model options'."""
+    """The model, speculation and placement options that generate, chat, bench and serve share."""
 
     pair: str | None = None
     model: str | None = None
@@ -65,6 +65,9 @@ class ModelOptions:
     cache_type_k_draft: str | None = None  # None: as the target's
     cache_type_v_draft: str | None = None
     mem_check: bool = True
+    # Sequences in one context (serve --parallel): ctx is then their total, as llama-server's -c
+    # with -np, each gets ctx // n_seq, and load() gives each its own engine (llama/slots.py).
+    n_seq: int = 1
     calibrate: bool = True  # auto starts from measured pass costs (calibrate.py), not priors
     verbose: bool = False
 
@@ -157,6 +160,10 @@ class ModelOptions:
         from specrun.models.memory import cache_type_id
 
         ctx = (self.ctx_draft or self.ctx) if draft else self.ctx
+        if self.n_seq > 1:
+            from specrun.llama.slots import MAX_ROWS
+
+            ctx = max(256, ctx // self.n_seq)
         type_k = (self.cache_type_k_draft or self.cache_type_k) if draft else self.cache_type_k
         type_v = (self.cache_type_v_draft or self.cache_type_v) if draft else self.cache_type_v
         ngl = self.ngl_draft if draft else self.ngl
@@ -170,7 +177,9 @@ class ModelOptions:
             flash_attn=self._flash_attn(ngl, type_v_id, remote=bool(rpc)),
             type_k=cache_type_id(type_k, "--cache-type-k"),
             type_v=type_v_id,
-            n_outputs_max=MAX_DRAFT + 1,  # a verify pass: K drafts + 1; not n_batch rows of logits
+            # a verify pass: K drafts + 1; not n_batch rows of logits (every slot's: --parallel)
+            n_outputs_max=MAX_DRAFT + 1 if self.n_seq == 1 else MAX_ROWS,
+            n_seq=self.n_seq,
             # A draft decodes one token at a time: it keeps AMX's fast single-row kernel even
             # where the build's AMX batch kernel would crash (then one row a decode).
             amx_rows=draft,
@@ -224,8 +233,13 @@ class Loaded:
     plan: Plan
     engine: Engine
     models: list = field(default_factory=list)
+    # --parallel: one engine per sequence (engines[0] is engine), over llama.slots' views
+    engines: list = field(default_factory=list)
+    slots: list = field(default_factory=list)
 
     def close(self) -> None:
+        for s in self.slots:
+            s.close()
         for m in self.models:
             m.close()
 
@@ -437,14 +451,46 @@ def load(
                         else ""
                     )
                 )
+        if opts.n_seq > 1:
+            return _load_slots(p, opts, target, draft, models, say)
         engine = Engine(target, draft, opts.spec_config(p.pair_draft_max))
         if opts.calibrate and isinstance(engine.policy, AutoPolicy):
             calibrate_auto(engine, say)
-        return Loaded(plan=p, engine=engine, models=models)
+        return Loaded(plan=p, engine=engine, models=models, engines=[engine])
     except BaseException:
         for m in models:
             m.close()
         raise
+
+
+def _load_slots(
+    p: Plan,
+    opts: ModelOptions,
+    target: Any,
+    draft: Any,
+    models: list[Any],
+    say: Callable[[str], None],
+) -> Loaded:
+    """``--parallel``: an engine per sequence of the target's (and the draft's) context, each
+    over its own view (llama.slots), their verify passes batched together."""
+    from specrun.llama.slots import Slots
+
+    slots = [Slots(target)] + ([Slots(draft)] if draft is not None else [])
+    try:
+        engines = []
+        for s in range(opts.n_seq):
+            dview = slots[1].views[s] if draft is not None else None
+            engine = Engine(slots[0].views[s], dview, opts.spec_config(p.pair_draft_max))
+            if opts.calibrate and isinstance(engine.policy, AutoPolicy):
+                # measured once (the cache per file serves the others); never refined from what
+                # a slot sees: its passes carry the other slots' rows
+                calibrate_auto(engine, say if s == 0 else (lambda _m: None), refine=False)
+            engines.append(engine)
+    except BaseException:
+        for sl in slots:
+            sl.close()
+        raise
+    return Loaded(plan=p, engine=engines[0], models=models, engines=engines, slots=slots)
 
 
 def load_engine(
@@ -461,7 +507,9 @@ def load_engine(
     return load(plan(opts, reg, progress=progress, status=status), opts, status=status, warn=warn)
 
 
-def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None) -> None:
+def calibrate_auto(
+    engine: Engine, say: Callable[[str], None] = lambda _m: None, refine: bool = True
+) -> None:
     """Give auto the measured pass costs of this target and draft on this machine (cached per
     file; the first run of a model measures for well under a second on small models)."""
     from specrun.decoding import calibrate
@@ -474,7 +522,11 @@ def calibrate_auto(engine: Engine, say: Callable[[str], None] = lambda _m: None)
     if engine.draft_model is not None:  # as the engine pays it: right after a target pass
         step = calibrate.draft_step(engine.target, engine.draft_model.model)
     target = engine.target
-    engine.policy.calibrate(verify, step, refine=lambda seen: calibrate.refine(target, sizes, seen))
+    engine.policy.calibrate(
+        verify,
+        step,
+        refine=(lambda seen: calibrate.refine(target, sizes, seen)) if refine else None,
+    )
 
 
 def describe(r: ResolvedModel | None) -> dict[str, str] | None:

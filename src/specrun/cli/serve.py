@@ -11,6 +11,8 @@ from specrun.cli.options import TemplateKwargs, model_options, sampling_options
 # What a request without them samples with: llama-server's defaults (OpenAI's clients expect
 # sampling, not greedy decoding, when they leave temperature out). --temp 0 makes it greedy.
 SERVE_SAMPLING = {"temp": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+# --parallel's bound: each slot's verify rows share one pass of at most 65 (llama/slots.py).
+MAX_PARALLEL = 16
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +71,18 @@ def register(app: typer.Typer) -> None:
                 envvar="SPECRUN_CACHE_RAM",
             ),
         ] = 8192,
+        parallel: Annotated[
+            int,
+            typer.Option(
+                "--parallel",
+                "-np",
+                metavar="N",
+                help="Slots: N requests generate at once, their verify passes in one batch (a "
+                "request's greedy output never depends on the others). The context (--ctx) is "
+                "shared: each slot gets ctx/N. llama.cpp: -np.",
+                envvar="SPECRUN_PARALLEL",
+            ),
+        ] = 1,
         template_kwargs: TemplateKwargs = None,
         opts: Any = None,
         params: Any = None,
@@ -88,8 +102,19 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--queue must be >= 1, got {queue}")
         if cache_ram < -1:
             raise UsageError(f"--cache-ram must be -1 (no limit), 0 (off) or MiB, got {cache_ram}")
+        if not 1 <= parallel <= MAX_PARALLEL:
+            raise UsageError(f"--parallel must be 1 to {MAX_PARALLEL}, got {parallel}")
         if not _given(click_ctx, "ctx"):
             opts = _fit_context(opts)
+        if parallel > 1:
+            from dataclasses import replace
+
+            if opts.ctx // parallel < 256:
+                raise UsageError(
+                    f"--ctx {opts.ctx} gives {parallel} slots {opts.ctx // parallel} tokens each: "
+                    "at least 256 each (raise --ctx or lower --parallel)"
+                )
+            opts = replace(opts, n_seq=parallel)
         run(
             opts,
             params,

@@ -69,6 +69,9 @@ class LoadOptions:
     # the offloaded layers each device takes (llama.cpp's --tensor-split; () = by free memory).
     rpc: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    # Sequences the context holds (serve --parallel): n_ctx each, in one KV cache where sequence
+    # s's position p is cell s*n_ctx + p (patches/: seq-cells); llama.slots gives each its view.
+    n_seq: int = 1
 
 
 @dataclass(frozen=True)
@@ -178,10 +181,14 @@ class Model:
 
         threads = opts.n_threads or physical_cores()
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = opts.n_ctx
+        # Several sequences: each its n_ctx rounded up to 256 cells, so that each one's cells
+        # begin where a lone sequence's would meet the attention kernel's blocks (llama.slots).
+        per_seq = opts.n_ctx if opts.n_seq == 1 else -(-opts.n_ctx // 256) * 256
+        cparams.n_ctx = per_seq * opts.n_seq
         cparams.n_batch = opts.n_batch
         cparams.n_ubatch = opts.n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = opts.n_seq
+        cparams.kv_unified = True  # one stream: a batch of several sequences is one pass
         cparams.n_threads = threads
         cparams.n_threads_batch = opts.n_threads_batch or threads
         cparams.no_perf = True

@@ -148,7 +148,7 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
         w = state.worker
         if w is not None:
             state.metrics.deferred.set(w.waiting)
-            state.metrics.processing.set(1 if w.running is not None else 0)
+            state.metrics.processing.set(len(w.running))
             if w.cache is not None:
                 for what, v in w.cache.stats().items():
                     state.metrics.prompt_cache.labels(what).set(v)

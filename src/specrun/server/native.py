@@ -841,7 +841,7 @@ def _props(state: Any, engine: Any) -> dict[str, Any]:
             "id_task": -1,
             "n_ctx": state.n_ctx,
             "speculative": cfg.mode != "none",
-            "is_processing": w is not None and w.running is not None,
+            "is_processing": w is not None and bool(w.running),
             "params": params,
             "prompt": "",
             "next_token": {
@@ -852,7 +852,7 @@ def _props(state: Any, engine: Any) -> dict[str, Any]:
                 "stopping_word": "",
             },
         },
-        "total_slots": 1,
+        "total_slots": len(w.slots) if w is not None else 1,
         "model_path": str(getattr(target, "path", "")),
         "chat_template": target.chat_template() or "",
         "chat_template_caps": {},

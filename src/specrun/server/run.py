@@ -130,13 +130,14 @@ def serve(
             if cache_ram != 0 and not engine.target.is_recurrent
             else None
         )
-        worker = EngineWorker(engine, queue, on_done, cache)
+        worker = EngineWorker(engine, queue, on_done, cache, engines=loaded.engines)
         status.worker, status.metrics = worker, state.metrics
         state.worker = worker  # last: /health turns 200 now
         draft = f" + draft {state.draft_id}" if state.draft_id else ""
         status.log(
-            f"ready: {state.model_id}{draft}, mode {engine.mode}, context {state.n_ctx}, "
-            f"queue {queue}"
+            f"ready: {state.model_id}{draft}, mode {engine.mode}, context {state.n_ctx}"
+            + (f" x {len(loaded.engines)} slots" if len(loaded.engines) > 1 else "")
+            + f", queue {queue}"
             + (
                 f", prompt cache {'no limit' if cache_ram < 0 else f'{cache_ram} MiB'}"
                 if cache is not None
@@ -172,8 +173,7 @@ def _cancel_all(state: ServerState) -> None:
     if w is None:
         return
     w.stopping = True
-    job = w.running
-    if job is not None:
+    for job in list(w.running):
         job.cancel.set()
 
 

@@ -68,7 +68,12 @@ class Status:
         t = self.metrics.totals if self.metrics is not None else {}
         acc = f"{t['accepted'] / t['drafted']:.0%}" if t.get("drafted") else "-"
         tps = f"{t['gen'] / t['gen_s']:.1f}" if t.get("gen_s") else "-"
-        busy = "generating" if w.running is not None else "idle"
+        n = len(w.running)
+        busy = (
+            (f"generating {n}/{len(w.slots)}" if len(w.slots) > 1 else "generating")
+            if n
+            else "idle"
+        )
         where = self.url.removeprefix("http://")
         errors = f" · {self.errors} errors" if self.errors else ""
         return (

@@ -1,21 +1,27 @@
-"""One engine, one generation at a time: a worker thread takes jobs from a bounded FIFO queue.
+"""The engines' workers: a thread per slot takes jobs from one bounded FIFO queue.
+
+``serve`` runs one slot (one engine, one generation at a time) unless ``--parallel N``: then N
+slots, each its own engine over its own sequence of one shared context (llama/slots.py), whose
+verify passes run together in one batch. A job goes to the free slot whose cache shares the
+longest prefix with its prompt (llama-server's slot choice), so a conversation keeps its slot.
 
 A job's events go back to the request's event loop (``call_soon_threadsafe``); its ``cancel``
 flag (a client that went away, the server shutting down) is read after every target pass, so a
-cancelled generation frees the engine within one pass. The engine reuses the longest common
-token prefix with what its caches hold, so a conversation resent whole evaluates only its tail.
+cancelled generation frees its slot within one pass. The engine reuses the longest common token
+prefix with what its caches hold, so a conversation resent whole evaluates only its tail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specrun.chat import common_prefix
 from specrun.decoding.engine import Result, Step
 from specrun.errors import SpecrunError
 from specrun.server.prompt_cache import PromptCache
@@ -31,6 +37,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
     started: float | None = None
+    slot: int = -1
 
     def emit(self, *item: Any) -> None:
         try:
@@ -43,8 +50,16 @@ class QueueFull(Exception):
     pass
 
 
+@dataclass
+class _Slot:
+    index: int
+    engine: Any
+    job: Job | None = None  # assigned or running
+    thread: threading.Thread | None = None
+
+
 class EngineWorker:
-    """Runs jobs on the engine, in order, one at a time."""
+    """Runs jobs on the engines, in order of arrival, one per slot at a time."""
 
     def __init__(
         self,
@@ -52,19 +67,34 @@ class EngineWorker:
         max_queue: int,
         on_done: Callable[[Job, list[Result], str], None],
         cache: PromptCache | None = None,
+        engines: list[Any] | None = None,
     ) -> None:
-        self.engine = engine
+        self.engines = list(engines) if engines else [engine]
+        self.engine = self.engines[0]  # the vocabulary, template and settings routes read
+        self.grouped = len(self.engines) > 1  # verify passes batched across slots
         self.cache = cache  # earlier prompts' KV caches (prompt_cache.py), or none
         self.max_queue = max_queue
         self.on_done = on_done
-        self._q: queue.Queue[Job | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self.waiting = 0  # jobs queued, not yet running
-        self.running: Job | None = None
+        self._lock = threading.Condition()
+        self._pending: deque[Job] = deque()
         self.stopping = False
         self.recent_seconds = 1.0  # a running mean of job durations (Retry-After)
-        self._thread = threading.Thread(target=self._loop, name="specrun-engine", daemon=True)
-        self._thread.start()
+        self.slots = [_Slot(i, e) for i, e in enumerate(self.engines)]
+        for sl in self.slots:
+            sl.thread = threading.Thread(
+                target=self._loop, args=(sl,), name=f"specrun-slot-{sl.index}", daemon=True
+            )
+            sl.thread.start()
+
+    @property
+    def waiting(self) -> int:
+        """Jobs queued, not yet given a slot."""
+        return len(self._pending)
+
+    @property
+    def running(self) -> list[Job]:
+        """The jobs the slots run now."""
+        return [sl.job for sl in self.slots if sl.job is not None]
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -72,38 +102,57 @@ class EngineWorker:
                 raise QueueFull("the server is shutting down")
             if self.waiting >= self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)")
-            self.waiting += 1
-        self._q.put(job)
+            self._pending.append(job)
+            self._dispatch()
 
     def retry_after(self) -> int:
-        return max(1, round(self.recent_seconds * (self.waiting + 1) / 2))
+        return max(1, round(self.recent_seconds * (self.waiting + 1) / (2 * len(self.slots))))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel what runs and what waits; end the thread."""
+        """Cancel what runs and what waits; end the threads."""
         with self._lock:
             self.stopping = True
-            running = self.running
-        if running is not None:
-            running.cancel.set()
-        self._q.put(None)
-        self._thread.join(timeout)
+            for job in self.running:
+                job.cancel.set()
+            for job in self._pending:
+                job.cancel.set()
+            self._lock.notify_all()
+        for sl in self.slots:
+            if sl.thread is not None:
+                sl.thread.join(timeout)
 
-    # -- the thread ----------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
+    def _dispatch(self) -> None:
+        """Give queued jobs to free slots (with the lock held): the oldest job first, to the
+        free slot whose target cache shares the longest prefix with its prompt."""
+        while self._pending:
+            free = [sl for sl in self.slots if sl.job is None]
+            if not free:
                 return
+            job = self._pending.popleft()
+            best = max(
+                free, key=lambda sl: (common_prefix(sl.engine.target.cached, job.tokens), -sl.index)
+            )
+            best.job = job
+            job.slot = best.index
+            self._lock.notify_all()
+
+    # -- the threads ----------------------------------------------------------------------
+    def _loop(self, sl: _Slot) -> None:
+        while True:
             with self._lock:
-                self.waiting -= 1
-                self.running = job
+                while sl.job is None and not self.stopping:
+                    self._lock.wait()
+                job = sl.job
+                if job is None:  # stopping, nothing assigned
+                    self._drain()
+                    return
             results: list[Result] = []
             state = "cancelled"
             try:
                 if job.cancel.is_set() or self.stopping:
                     continue
                 job.started = time.perf_counter()
-                results, state = self._run(job)
+                results, state = self._run(job, sl.engine)
                 self.recent_seconds += 0.2 * (
                     time.perf_counter() - job.started - self.recent_seconds
                 )
@@ -113,11 +162,17 @@ class EngineWorker:
                     pass
             finally:
                 with self._lock:
-                    self.running = None
+                    sl.job = None
+                    self._dispatch()
                 job.emit("end", results, state)  # always: a request never waits forever
 
-    def _run(self, job: Job) -> tuple[list[Result], str]:
-        engine, req = self.engine, job.req
+    def _drain(self) -> None:
+        """Stopping: the jobs still queued end cancelled (lock held)."""
+        while self._pending:
+            self._pending.popleft().emit("end", [], "cancelled")
+
+    def _run(self, job: Job, engine: Any) -> tuple[list[Result], str]:
+        req = job.req
         results: list[Result] = []
         state = "done"
         before = engine.configure(**req.spec) if req.spec else None
@@ -138,6 +193,8 @@ class EngineWorker:
                     reuse_cache=req.cache_prompt,
                     constraint=constraint,
                 )
+                if self.grouped:  # its verify passes join the other slots' from now on
+                    engine.target.join()
                 try:
                     for ev in gen:
                         if isinstance(ev, Result):
@@ -149,6 +206,8 @@ class EngineWorker:
                             break
                 finally:
                     gen.close()  # the engine's own finally: its caches match what it yielded
+                    if self.grouped:
+                        engine.target.leave()
                     if constraint is not None:
                         constraint.close()
                 if state != "done":
