@@ -35,6 +35,7 @@ class FakeModel:
     """The parts of ``specrun.decoding.target.Target`` the engine tests need."""
 
     single_rows = False
+    shared = False
     is_recurrent = False
     can_truncate = True
     top_prob_fn = None

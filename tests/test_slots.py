@@ -33,14 +33,15 @@ N_TOKENS = [48, 64, 24, 56]
 def slot_pair(model_path):
     """The default pair loaded with 4 sequences each, and the target alone with one."""
     from specrun.llama.model import LoadOptions, Model
-    from specrun.llama.slots import MAX_ROWS, Slots
+    from specrun.llama.slots import MAX_ROWS, Group, Slots
 
     t_path, d_path = model_path(DEFAULT_TARGET), model_path(SMOL_DRAFT)
     lo = LoadOptions(n_ctx=512, n_threads=THREADS, n_seq=4, n_outputs_max=MAX_ROWS)
     target = Model(t_path, lo)
     draft = Model(d_path, LoadOptions(n_ctx=512, n_threads=THREADS, n_seq=4, amx_rows=True))
     alone = Model(t_path, LoadOptions(n_ctx=512, n_threads=THREADS))
-    slots = (Slots(target), Slots(draft))
+    group = Group()
+    slots = (Slots(target, group), Slots(draft, group, drafts=True))
     yield slots, alone
     for s in slots:
         s.close()

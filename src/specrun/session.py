@@ -473,9 +473,10 @@ def _load_slots(
 ) -> Loaded:
     """``--parallel``: an engine per sequence of the target's (and the draft's) context, each
     over its own view (llama.slots), their verify passes batched together."""
-    from specrun.llama.slots import Slots
+    from specrun.llama.slots import Group, Slots
 
-    slots = [Slots(target)] + ([Slots(draft)] if draft is not None else [])
+    group = Group()  # the target's and the draft's passes scheduled together
+    slots = [Slots(target, group)] + ([Slots(draft, group, drafts=True)] if draft else [])
     try:
         engines = []
         for s in range(opts.n_seq):

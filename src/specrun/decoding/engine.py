@@ -324,6 +324,11 @@ class Engine(Generic[M]):
         piece = target.piece
         native = target.top_prob_fn  # the sureness check in C (llama/native.py)
         policy = self.policy
+        # A pass shared with other sequences (serve --parallel): the policy is told what this
+        # sequence's step cost in compute (its llama seconds: its own drafting, its share of the
+        # pass), not the wall time, which carries the other slots' rows and drafting.
+        shared = target.shared
+        own = self._llama_seconds
         t_decode = time.perf_counter()
         try:
             while run.finish is None:
@@ -340,6 +345,7 @@ class Engine(Generic[M]):
                 k = 0 if deferred else min(draft_max, remaining - 1, target.n_ctx - base)
                 name, prop = "none", EMPTY
                 t_step = time.perf_counter()
+                l_step = own() if shared else 0.0
                 declined = None
                 if k > 0 and constraint is not None and self.mode != "none":
                     prop = self._forced(constraint, k)
@@ -350,6 +356,7 @@ class Engine(Generic[M]):
                         declined = name if name != "none" else None
                         name, prop = "none", EMPTY
                 t_verify = time.perf_counter()
+                l_verify = own() if shared else 0.0
                 row_probs.clear()
                 n_acc, new = self._verify(
                     run.tokens, prop, params, rng, greedy, match, constraint, row_probs
@@ -369,10 +376,12 @@ class Engine(Generic[M]):
                     # very position is counted already, and counting the target's doubt there too
                     # inflated the stop rate in mixed stretches of code.
                     sure = not S.top_prob_below(target.logits(0), p_conf, native)
+                if shared:
+                    draft_s, verify_cost = l_verify - l_step, own() - l_verify
+                else:
+                    draft_s, verify_cost = t_verify - t_step, verify_s
                 policy.observe(
-                    StepReport(
-                        name, k_used, n_acc, t_verify - t_step, verify_s, new, declined, sure
-                    )
+                    StepReport(name, k_used, n_acc, draft_s, verify_cost, new, declined, sure)
                 )
                 # Both caches: keep tokens[:base + n_acc]; the new pending token is new[-1].
                 valid = base + n_acc

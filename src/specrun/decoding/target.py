@@ -30,6 +30,9 @@ class Target(Protocol):
     llama_seconds: float  # wall time spent inside the native decode, cumulative
     can_truncate: bool  # False for recurrent/hybrid caches that cannot drop a tail
     single_rows: bool  # every decode runs one row at a time (the placement asked for it)
+    # Passes shared with other sequences (serve --parallel): a pass's wall time carries their rows
+    # and the wait for them, so auto prices a step by ``llama_seconds``, this sequence's share.
+    shared: bool
     top_prob_fn: TopProbFn | None
     load_report: dict[str, Any]
 

@@ -98,6 +98,7 @@ class Model:
     llama_seconds: float  # wall time spent inside llama_decode, cumulative
     can_truncate: bool
     single_rows: bool  # every decode one row at a time (LoadOptions.amx_rows took effect)
+    shared = False  # one sequence: a pass's wall time is its own (Target.shared)
     load_report: dict[str, Any]
     _vocab: Any
     _mem: Any

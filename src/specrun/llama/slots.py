@@ -16,16 +16,20 @@ each slot runs an ordinary ``Engine``. What they share is the context, and that 
 
 llama.cpp's calls on one context are not thread-safe, and two passes at once on a 2-core machine
 only slow each other down: every call that computes or edits a cache takes ``COMPUTE``, one lock
-for all contexts of the process.
+for all contexts of the process. And every pass runs on one thread (``_Runner``), whichever slot
+asked for it: ggml's OpenMP gives each thread that starts a parallel region a team of its own,
+whose workers spin a while after each pass, so passes started by N slot threads kept N teams
+spinning on 2 cores (a lone slot's decoding then ran 1.5x slower, draft and target alike).
 """
 
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as ll
@@ -36,6 +40,52 @@ from specrun.llama import native
 from specrun.llama.model import Model, _get_logits_addr
 
 COMPUTE = threading.RLock()
+
+
+class _Runner:
+    """One thread that runs every pass of every Slots context (the module docstring says why)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, tuple[Any, ...], list[Any], threading.Event]]
+        self._jobs = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name="specrun-compute", daemon=True
+                    )
+                    self._thread.start()
+        box: list[Any] = []
+        done = threading.Event()
+        self._jobs.put((fn, args, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, box, done = self._jobs.get()
+            try:
+                box.append(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                box.append(exc)
+            done.set()
+
+
+_RUNNER = _Runner()
+
+
+def _decode(ctx: Any, batch: Any) -> int:
+    rc = int(ll.llama_decode(ctx, batch))
+    if rc == 0:  # a backend may still be computing: the pass's time is all of it
+        ll.llama_synchronize(ctx)
+    return rc
+
 
 # Most rows one pass may hold: the row-exact kernels (attention and matmuls) cover batches of up to
 # 65 rows; from 66 llamafile's sgemm takes a pass (patches/: sgemm-prompts). Slots whose rows add
@@ -53,31 +103,93 @@ class _Verify:
     error: BaseException | None = None
 
 
-@dataclass
-class _Group:
-    """The slots that are generating and the verifies they have handed in."""
+class Group:
+    """The slots that are generating, over one target context and its draft model's: the passes
+    they hand in, and when to run them.
 
-    active: set[int] = field(default_factory=set)
-    waiting: list[_Verify] = field(default_factory=list)
-    running: bool = False
+    A slot is *parked* while it waits for a pass (a verify on the target, a draft step on the
+    draft model). When every generating slot is parked, the draft steps handed in run first, as
+    one pass on the draft model's context (a slot that drafts verifies next), else the verifies,
+    as one pass on the target's: every verify pass holds every generating slot's rows, and the
+    slots drafting at once share a draft pass. A pass asked for by a slot that is not generating
+    (calibration, a test) runs at once, alone."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.active: set[int] = set()
+        self.waiting: dict[Slots, list[_Verify]] = {}  # draft models' contexts first
+        self.running = False
+
+    def add(self, slots: Slots, drafts: bool) -> None:
+        items = list(self.waiting.items())
+        items.insert(0 if drafts else len(items), (slots, []))
+        self.waiting = dict(items)
+
+    def join(self, seq: int) -> None:
+        with self.cond:
+            self.active.add(seq)
+
+    def leave(self, seq: int) -> None:
+        with self.cond:
+            self.active.discard(seq)
+            self.cond.notify_all()
+
+    def submit(self, slots: Slots, job: _Verify) -> None:
+        with self.cond:
+            alone = job.view.seq not in self.active
+            if not alone:
+                self.waiting[slots].append(job)
+                self.cond.notify_all()
+                while not job.done:
+                    ready = self._ready()
+                    if ready is None:
+                        self.cond.wait()
+                        continue
+                    # every generating slot is parked: this thread runs the pass for them
+                    self.running = True
+                    self.cond.release()
+                    try:
+                        ready[0]._run(ready[1])
+                    finally:
+                        self.cond.acquire()
+                        self.running = False
+                        self.cond.notify_all()
+        if alone:
+            # another thread's pass on this context may come before this one's logits are read
+            # (a slot drafting while another prefills on the same draft context): a copy
+            slots._run([job], copy=True)
+        if job.error is not None:
+            raise job.error
+
+    def _ready(self) -> tuple[Slots, list[_Verify]] | None:
+        if self.running:
+            return None
+        parked = {j.view.seq for jobs in self.waiting.values() for j in jobs}
+        if not parked or not parked >= self.active:
+            return None
+        for slots, jobs in self.waiting.items():
+            if jobs:
+                self.waiting[slots] = []
+                return slots, jobs
+        return None
 
 
 class Slots:
-    """The sequences of one multi-sequence ``Model``, and the batcher of their verify passes."""
+    """The sequences of one multi-sequence ``Model`` (a ``Group``'s target or draft context)."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, group: Group | None = None, drafts: bool = False) -> None:
         n = model.opts.n_seq
         if n < 1:
             raise SpecrunError("a context holds at least one sequence")
         self.model = model
         self.n_seq = n
         self.n_ctx_seq = model.n_ctx // n  # each sequence's cells (seq-cells: s*n_ctx_seq + p)
-        self.passes = 0  # batched verify passes run
+        self.passes = 0  # passes that held several slots' rows
         self.rows = 0  # rows they held
-        self._cond = threading.Condition()
-        self._group = _Group()
-        self._batch = ll.llama_batch_init(max(model.n_batch, MAX_ROWS), 0, 1)
+        self.group = group if group is not None else Group()
+        self.group.add(self, drafts)
         self._cap = max(model.n_batch, MAX_ROWS)
+        self._batch = ll.llama_batch_init(self._cap, 0, 1)
         b = self._batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(self._cap,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(self._cap,))
@@ -90,46 +202,7 @@ class Slots:
             ll.llama_batch_free(self._batch)
             self._batch = None
 
-    # -- the group of generating slots ---------------------------------------------------
-    def join(self, view: SeqModel) -> None:
-        """``view`` is generating: verifies wait for its own from now on."""
-        with self._cond:
-            self._group.active.add(view.seq)
-
-    def leave(self, view: SeqModel) -> None:
-        """``view`` stopped generating: the others no longer wait for it."""
-        with self._cond:
-            self._group.active.discard(view.seq)
-            self._cond.notify_all()
-
-    def _verify(self, view: SeqModel, tokens: list[int], pos0: int, logits_from: int) -> None:
-        job = _Verify(view, tokens, pos0, logits_from)
-        g = self._group
-        with self._cond:
-            alone = view.seq not in g.active  # not generating (calibration, a test): now
-            if not alone:
-                g.waiting.append(job)
-                self._cond.notify_all()
-                while not job.done:
-                    if g.waiting and not g.running and {j.view.seq for j in g.waiting} >= g.active:
-                        # every generating slot has handed in its pass: this thread runs them
-                        jobs, g.waiting = g.waiting, []
-                        g.running = True
-                        self._cond.release()
-                        try:
-                            self._run(jobs)
-                        finally:
-                            self._cond.acquire()
-                            g.running = False
-                            self._cond.notify_all()
-                    else:
-                        self._cond.wait()
-        if alone:
-            self._run([job])
-        if job.error is not None:
-            raise job.error
-
-    def _run(self, jobs: list[_Verify]) -> None:
+    def _run(self, jobs: list[_Verify], copy: bool = False) -> None:
         """Score every job's rows: one pass while they fit in MAX_ROWS, more where they do not
         (each job whole in one pass; the logits of all but the last pass copied out)."""
         passes: list[list[_Verify]] = [[]]
@@ -142,7 +215,7 @@ class Slots:
             rows += len(j.tokens)
         try:
             for i, group in enumerate(passes):
-                self.decode_rows(group, copy=i < len(passes) - 1)
+                self.decode_rows(group, copy=copy or i < len(passes) - 1)
         except BaseException as exc:  # noqa: BLE001 - each slot's engine raises it
             for j in jobs:
                 if not j.done:
@@ -161,52 +234,50 @@ class Slots:
             return
         if n > self._cap:
             raise SpecrunError(f"{n} rows in one pass, the batch holds {self._cap}")
-        b = self._batch
-        r = 0
-        for j in jobs:
-            m = len(j.tokens)
-            self._b_token[r : r + m] = j.tokens
-            self._b_pos[r : r + m] = np.arange(j.pos0, j.pos0 + m, dtype=np.int32)
-            self._b_logits[r : r + m] = 0
-            if j.logits_from >= 0:
-                self._b_logits[r + j.logits_from : r + m] = 1
-            for i in range(r, r + m):
-                b.seq_id[i][0] = j.view.seq
-            r += m
-        b.n_tokens = n
-        ctx = self.model._ctx
-        with COMPUTE:
+        with COMPUTE:  # the batch, the pass and its output buffer: one thread at a time
+            b = self._batch
+            r = 0
+            for j in jobs:
+                m = len(j.tokens)
+                self._b_token[r : r + m] = j.tokens
+                self._b_pos[r : r + m] = np.arange(j.pos0, j.pos0 + m, dtype=np.int32)
+                self._b_logits[r : r + m] = 0
+                if j.logits_from >= 0:
+                    self._b_logits[r + j.logits_from : r + m] = 1
+                for i in range(r, r + m):
+                    b.seq_id[i][0] = j.view.seq
+                r += m
+            b.n_tokens = n
+            ctx = self.model._ctx
             t0 = time.perf_counter()
-            rc = ll.llama_decode(ctx, b)
-            if rc == 0:
-                ll.llama_synchronize(ctx)
+            rc = _RUNNER.call(_decode, ctx, b)
             dt = time.perf_counter() - t0
-        if rc != 0:
-            raise SpecrunError(
-                f"llama_decode failed (code {rc}) for {self.model.path.name}"
-                + (" (no free cells for a sequence: its context is full)" if rc == 1 else "")
-            )
-        self.model.llama_seconds += dt
-        n_out = int(self._b_logits[:n].sum())
-        out: np.ndarray | None = None
-        if n_out:
-            addr = _get_logits_addr(ctx)
-            buf = (ctypes.c_float * (n_out * self.model.n_vocab)).from_address(addr)
-            out = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(n_out, -1)
-            if copy:
-                out = out.copy()
-        o = 0
-        for j in jobs:
-            v = j.view
-            v.llama_seconds += dt * len(j.tokens) / n
-            v._held[j.pos0 :] = j.tokens
-            if j.logits_from >= 0 and out is not None:
-                k = len(j.tokens) - j.logits_from
-                v._out_rows = list(out[o : o + k])
-                v._out_first = j.logits_from
-                o += k
-            else:
-                v._out_rows = ()
+            if rc != 0:
+                raise SpecrunError(
+                    f"llama_decode failed (code {rc}) for {self.model.path.name}"
+                    + (" (no free cells for a sequence: its context is full)" if rc == 1 else "")
+                )
+            self.model.llama_seconds += dt
+            n_out = int(self._b_logits[:n].sum())
+            out: np.ndarray | None = None
+            if n_out:
+                addr = _get_logits_addr(ctx)
+                buf = (ctypes.c_float * (n_out * self.model.n_vocab)).from_address(addr)
+                out = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(n_out, -1)
+                if copy:
+                    out = out.copy()
+            o = 0
+            for j in jobs:
+                v = j.view
+                v.llama_seconds += dt * len(j.tokens) / n
+                v._held[j.pos0 :] = j.tokens
+                if j.logits_from >= 0 and out is not None:
+                    k = len(j.tokens) - j.logits_from
+                    v._out_rows = list(out[o : o + k])
+                    v._out_first = j.logits_from
+                    o += k
+                else:
+                    v._out_rows = ()
         if len(jobs) > 1:
             self.passes += 1
             self.rows += n
@@ -232,6 +303,7 @@ class SeqModel:
         self.llama_seconds = 0.0
         self.can_truncate = m.can_truncate
         self.single_rows = False
+        self.shared = True  # its passes carry other slots' rows (Target.shared)
         self.top_prob_fn = m.top_prob_fn
         self.load_report = m.load_report
         self._held: list[int] = []
@@ -251,10 +323,12 @@ class SeqModel:
         return len(self._held)
 
     def join(self) -> None:
-        self.slots.join(self)
+        """This sequence is generating: its passes wait for the other generating slots'."""
+        self.slots.group.join(self.seq)
 
     def leave(self) -> None:
-        self.slots.leave(self)
+        """It stopped generating: the others no longer wait for it."""
+        self.slots.group.leave(self.seq)
 
     def decode(self, tokens: Sequence[int], pos0: int, logits_from: int | None = None) -> None:
         """As ``Model.decode``, in this sequence. A pass with logits that fits one batch waits
@@ -276,7 +350,7 @@ class SeqModel:
                 raise SpecrunError(
                     f"{n - logits_from} rows of logits asked for, at most {self.n_outputs_max}"
                 )
-            self.slots._verify(self, toks, pos0, logits_from)
+            self.slots.group.submit(self.slots, _Verify(self, toks, pos0, logits_from))
             return
         self._decode_now(toks, pos0, -1 if logits_from is None else logits_from)
 
@@ -313,7 +387,7 @@ class SeqModel:
                         raise SpecrunError("logits asked for rows outside the last batch chunk")
                     lf = logits_from - start
                 job = _Verify(self, tokens[start:end], pos0 + start, lf)
-                self.slots.decode_rows([job])
+                self.slots.decode_rows([job], copy=lf >= 0)
                 start = end
 
     def logits(self, row: int) -> np.ndarray:
