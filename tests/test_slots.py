@@ -10,7 +10,9 @@ at once.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -258,3 +260,128 @@ def test_serve_parallel_refuses_what_cannot_fit():
         [*CLI, *BASE, "--parallel", "0"], capture_output=True, text=True, timeout=120
     )
     assert r.returncode != 0 and "--parallel must be 1 to" in r.stderr
+
+
+QWEN = "qwen2.5-coder-0.5b-instruct-q4_k_m"  # has fill-in-the-middle tokens (/infill)
+SOAK_PROMPTS = [
+    "def add(a, b):",
+    "Name three colours.",
+    "import os\nfor name in os.listdir('.'):",
+    "What is the capital of France?",
+    "class Stack:\n    def __init__(self):",
+]
+
+
+def _soak_request(url: str, kind: str, i: int) -> tuple[str, str | None]:
+    """One request of the mix: (kind, its greedy text), None for a stream cancelled on purpose."""
+    p = SOAK_PROMPTS[i % len(SOAK_PROMPTS)]
+    n = 10
+    if kind == "chat":
+        body = {"messages": [{"role": "user", "content": p}], "max_tokens": n, "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return kind, r.json()["choices"][0]["message"]["content"]
+    if kind == "completions":
+        body = {"prompt": p, "max_tokens": n, "temperature": 0}
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return kind, r.json()["choices"][0]["text"]
+    if kind == "completion":
+        r = httpx.post(
+            f"{url}/completion", json={"prompt": p, "n_predict": n, "temperature": 0}, timeout=300
+        )
+        assert r.status_code == 200, r.text
+        return kind, r.json()["content"]
+    if kind == "infill":
+        body = {"input_prefix": p + "\n", "input_suffix": "\n", "n_predict": n, "temperature": 0}
+        r = httpx.post(f"{url}/infill", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return kind, r.json()["content"]
+    body = {
+        "messages": [{"role": "user", "content": p}],
+        "max_tokens": n if kind == "stream" else 64,
+        "temperature": 0,
+        "stream": True,
+    }
+    text = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[6:])["choices"]
+            if delta and delta[0]["delta"].get("content"):
+                text.append(delta[0]["delta"]["content"])
+                if kind == "cancel":
+                    return kind, None  # the client goes away mid-stream
+    return kind, "".join(text)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status", encoding="utf-8"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.slow
+def test_soak_8_clients_200_mixed_requests(model_path):
+    """`--parallel 4` under 8 clients, 200 requests over chat, completions, llama-server's
+    /completion and /infill, streams and streams cancelled mid-way: no error, every greedy answer
+    the one it gets from a lone client, memory flat, every slot free at the end."""
+    from test_serve import BASE
+
+    base = [a for a in BASE if a not in ("--pair", "smollm2-135m")]
+    srv = Server(
+        "-m", str(model_path(QWEN)), "--no-draft", "--parallel", "4", "--ctx", "4096",
+        "--cache-ram", "0", "--queue", "64", base=base,
+    )  # fmt: skip
+    kinds = ["chat", "completions", "completion", "infill", "stream", "cancel"]
+    try:
+        alone = {}
+        for kind in kinds:
+            for i in range(len(SOAK_PROMPTS)):
+                alone[kind, i] = _soak_request(srv.url, kind, i)[1]
+        rss0 = _rss_kib(srv.proc.pid)
+        jobs = [(kinds[j % len(kinds)], j % len(SOAK_PROMPTS)) for j in range(200)]
+        with cf.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda kj: (kj, _soak_request(srv.url, *kj)[1]), jobs))
+        for (kind, i), text in got:
+            if kind != "cancel":
+                assert text == alone[kind, i], f"{kind} {i}: {text!r} != alone {alone[kind, i]!r}"
+        deadline = time.time() + 30
+        while time.time() < deadline:  # cancelled streams end at their next pass
+            m = httpx.get(f"{srv.url}/metrics", timeout=30).text
+            busy = [ln for ln in m.splitlines() if ln.startswith("specrun_requests_processing")]
+            if busy and float(busy[0].split()[-1]) == 0:
+                break
+            time.sleep(0.2)
+        assert busy and float(busy[0].split()[-1]) == 0, busy
+        cancelled = [ln for ln in m.splitlines() if ln.startswith("specrun_requests_cancelled")]
+        assert cancelled and float(cancelled[0].split()[-1]) >= 10, cancelled  # of 33 cancels
+        props = httpx.get(f"{srv.url}/props", timeout=30).json()
+        assert props["default_generation_settings"]["is_processing"] is False
+        grown = _rss_kib(srv.proc.pid) - rss0
+        assert grown < 64 * 1024, f"RSS grew {grown} KiB over 200 requests"
+        assert "Traceback" not in srv.log()
+    finally:
+        assert srv.stop() == 0, srv.log()
+
+
+def test_parallel_full_queue_answers_503_retry_after():
+    srv = Server("--parallel", "2", "--ctx", "1024", "--queue", "1")
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    try:
+        with cf.ThreadPoolExecutor(6) as pool:
+            rs = list(pool.map(lambda _: srv.post("/v1/chat/completions", body), range(6)))
+        codes = sorted(r.status_code for r in rs)
+        assert codes.count(200) >= 3 and 503 in codes, codes  # 2 slots + 1 queued, at least
+        full = next(r for r in rs if r.status_code == 503)
+        assert int(full.headers["Retry-After"]) >= 1
+        assert full.json()["error"]["code"] == "queue_full"
+    finally:
+        assert srv.stop() == 0, srv.log()

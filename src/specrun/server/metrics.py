@@ -53,7 +53,7 @@ class Metrics:
             registry=r,
         )
         self.processing = Gauge(
-            "specrun_requests_processing", "Requests generating now (0 or 1).", registry=r
+            "specrun_requests_processing", "Requests generating now (0 to --parallel).", registry=r
         )
         self.deferred = Gauge(
             "specrun_requests_deferred", "Requests waiting in the queue.", registry=r
