@@ -21,6 +21,7 @@ MAINTAINED = {
     "record_greedy",
     "rpc_compare",
     "serve_load",
+    "serve_ttft",
     "server_compare",
     "prompt_eval",
     "structured_compare",
