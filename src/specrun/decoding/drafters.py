@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from specrun.decoding import sampling as S
-from specrun.decoding.target import Target
+from specrun.decoding.target import StateData, Target
 
 
 @dataclass
@@ -260,11 +260,11 @@ class DraftModel(BaseDrafter):
             self._append([tok], 0)
         return Proposal(out, dists)
 
-    def save_state(self) -> tuple[list[int], tuple[tuple[int, ...], bytes]]:
+    def save_state(self) -> tuple[list[int], tuple[tuple[int, ...], StateData]]:
         """A copy of what the draft holds, for ``load_state`` (a server's prompt cache)."""
         return list(self._pos), self.model.save_state()
 
-    def load_state(self, state: tuple[list[int], tuple[tuple[int, ...], bytes]]) -> None:
+    def load_state(self, state: tuple[list[int], tuple[tuple[int, ...], StateData]]) -> None:
         pos, (tokens, data) = state
         self.reset()
         self.model.load_state(tokens, data)

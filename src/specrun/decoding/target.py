@@ -10,6 +10,7 @@ values the context holds, in position order; ``decode`` appends, ``truncate`` dr
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +20,9 @@ import numpy as np
 # The softmax top probability of a row of logits, computed natively (None where the build lacks
 # it): the --draft-p-min check without a numpy softmax.
 TopProbFn = Callable[[np.ndarray], float]
+
+# A copy of a cache's cells (``save_state``): bytes-like, its len() its size.
+StateData = bytes | bytearray | mmap.mmap
 
 
 class Target(Protocol):
@@ -80,6 +84,6 @@ class Target(Protocol):
         for another (calibrate.py)."""
         ...
 
-    def save_state(self) -> tuple[tuple[int, ...], bytes]: ...
+    def save_state(self) -> tuple[tuple[int, ...], StateData]: ...
 
-    def load_state(self, tokens: Sequence[int], data: bytes) -> None: ...
+    def load_state(self, tokens: Sequence[int], data: StateData) -> None: ...

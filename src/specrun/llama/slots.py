@@ -37,7 +37,7 @@ import numpy as np
 
 from specrun.errors import SpecrunError
 from specrun.llama import native
-from specrun.llama.model import Model, _get_logits_addr
+from specrun.llama.model import Model, StateData, _get_logits_addr, state_buffer, state_view
 
 COMPUTE = threading.RLock()
 
@@ -411,23 +411,24 @@ class SeqModel:
             ll.llama_memory_seq_rm(self.model._mem, self.seq, -1, -1)
         self._held.clear()
 
-    def save_state(self) -> tuple[tuple[int, ...], bytes]:
+    def save_state(self) -> tuple[tuple[int, ...], StateData]:
         ctx = self.model._ctx
         with COMPUTE:
             size = int(ll.llama_state_seq_get_size(ctx, self.seq))
-            buf = (ctypes.c_uint8 * size)()
+            data, buf = state_buffer(size)
             got = int(ll.llama_state_seq_get_data(ctx, buf, size, self.seq))
         if got != size:
             raise SpecrunError(
                 f"{self.path.name}: could not copy the KV cache ({got} of {size} bytes)"
             )
-        return tuple(self._held), bytes(buf)
+        return tuple(self._held), data
 
-    def load_state(self, tokens: Sequence[int], data: bytes) -> None:
+    def load_state(self, tokens: Sequence[int], data: StateData) -> None:
         self.clear()
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with COMPUTE:
-            ok = int(ll.llama_state_seq_set_data(self.model._ctx, buf, len(data), self.seq))
+            ok = int(
+                ll.llama_state_seq_set_data(self.model._ctx, state_view(data), len(data), self.seq)
+            )
         if ok == 0:
             self.clear()
             raise SpecrunError(f"{self.path.name}: could not restore a saved KV cache")
