@@ -39,6 +39,7 @@ class FakeTarget:
     can_truncate = True
     is_recurrent = False
     single_rows = False
+    shared = False
 
     def __init__(self, n_ctx: int = 400, template: str | None = CHATML) -> None:
         self.n_ctx = n_ctx
