@@ -128,7 +128,10 @@ def main() -> int:
             req = {k: v for k, v in body.items() if not k.startswith("_")}
             for name, srv in servers.items():
                 r = post_json(srv.url + "/infill", req)
-                tm = r.get("timings") or {}
+                # response_fields flattens the paths it names: "timings/predicted_n" is a key
+                tm = r.get("timings") or {
+                    k.split("/", 1)[1]: v for k, v in r.items() if k.startswith("timings/")
+                }
                 s = sums[name]
                 s[0] += int(tm.get("predicted_n", 0))
                 s[1] += float(tm.get("predicted_ms", 0.0))
