@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import urllib.request
 from typing import Any
 
 from specrun.benchmark.harness import WORKLOADS, pair_files
+from specrun.benchmark.servers import free_port, post_json
 
 SCHEMA = {
     "type": "object",
@@ -55,20 +55,6 @@ TOOLS = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def post(url: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return dict(json.loads(r.read()))
-
-
 class Side:
     def __init__(self, name: str, cmd: list[str], port: int) -> None:
         self.name, self.port = name, port
@@ -93,7 +79,7 @@ class Side:
         sys.exit(f"{self.name} not ready in {timeout:.0f} s")
 
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        r = post(f"{self.url}/v1/chat/completions", body)
+        r = post_json(f"{self.url}/v1/chat/completions", body)
         t = r.get("timings") or {}
         self.n += int(t.get("predicted_n", 0))
         self.ms += float(t.get("predicted_ms", 0.0))
@@ -165,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         r = s.chat(body)
                         msg = r["choices"][0]["message"]
                         if s.name.startswith("specrun"):
-                            plain = post(f"{s.url}/v1/chat/completions",
+                            plain = post_json(f"{s.url}/v1/chat/completions",
                                          body | {"specrun": {"mode": "none", "return_tokens": True}})  # fmt: skip
                             total += 1
                             same += plain["choices"][0]["tokens"] == r["choices"][0]["tokens"]

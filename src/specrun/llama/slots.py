@@ -155,8 +155,8 @@ class Group:
                         self.running = False
                         self.cond.notify_all()
         if alone:
-            # another thread's pass on this context may come before this one's logits are read
-            # (a slot drafting while another prefills on the same draft context): a copy
+            # not generating (calibration, a test): no group keeps the next pass on this context
+            # from coming before this one's logits are read, so they are copied
             slots._run([job], copy=True)
         if job.error is not None:
             raise job.error
