@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -165,6 +166,34 @@ def model_seconds(
     calls: list[tuple[str, int, float]], target_s: dict[int, float], draft_row_s: float
 ) -> float:
     return sum(target_s[n] if tag == "target" else draft_row_s * n for tag, n, _ in calls)
+
+
+def ablation_summary(rows: list[dict], chosen: list[str]) -> None:
+    """Each configuration's geo-mean model speed-up over the prompts; beside plain ``auto``
+    (when it ran): the change of the geo-mean and the prompts it turns into a loss (auto at
+    1.00x or more, this configuration below), the rule docs/auto.md's ablation applies."""
+
+    def cell(key: str, name: str) -> float:
+        return float(
+            next(r["model_speedup"] for r in rows if r["prompt"] == key and name == _name(r))
+        )
+
+    names = list(dict.fromkeys(_name(r) for r in rows))
+    geo = {n: math.exp(statistics.fmean(math.log(cell(k, n)) for k in chosen)) for n in names}
+    print()
+    print("| configuration | geo-mean (model) | vs auto | lowest | turned into a loss |")
+    print("|---|---:|---:|---:|---|")
+    for n in names:
+        low = min(chosen, key=lambda k: cell(k, n))
+        vs, lost = "", ""
+        if "auto" in geo and n != "auto":
+            vs = f"{(geo[n] / geo['auto'] - 1) * 100:+.2f}%"
+            lost = ", ".join(k for k in chosen if cell(k, "auto") >= 1.0 > cell(k, n)) or "none"
+        print(f"| {n} | {geo[n]:.3f} | {vs} | {cell(low, n):.3f} ({low}) | {lost} |")
+
+
+def _name(r: dict) -> str:
+    return str(r["mode"]) + ("" if r["draft_max"] in (None, 4) else f":{r['draft_max']}")
 
 
 def main() -> None:
@@ -329,6 +358,7 @@ def main() -> None:
                 f"acc {r['acceptance_rate']:.2f}{'' if r['identical'] else ', DIFFERENT'})"
             )
         print(f"| {key} | " + " | ".join(cells) + " |")
+    ablation_summary(rows, chosen)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     loaded.close()

@@ -33,8 +33,8 @@ those AutoPriors fields changed (``auto@lookup_carry=0.3``), beside plain ``auto
 ``auto+draft`` is auto with the pair's draft model too, replayed (``SimDraft``: run
 ``--annotate-draft PAIR`` on the runs file once; ``--p-min``, ``--draft-c``, ``--draft-row``,
 ``--single-rows`` price it), ``draft`` that draft model alone; ``auto!NAME`` (and
-``auto+draft!NAME``, combinable with ``@``) is auto with one of its refinements taken out (``OFF``;
-docs/auto.md, the ablation).
+``auto+draft!NAME``, combinable with ``@``) is auto with one of its refinements taken out
+(specrun.benchmark.ablation; docs/auto.md, the ablation).
 The last row is each drafter's geo-mean over the workloads.
 """
 
@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from specrun import defaults
+from specrun.benchmark.ablation import ablated, check, off_lookup
 from specrun.benchmark.llama_ngram import LlamaNgramCache, LlamaNgramMod
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.drafters import EMPTY, BaseDrafter, Proposal
@@ -409,82 +410,6 @@ def replay(
 DRAFT_SIM: dict = {"p_min": 0.6, "c": 0.3, "row": 0.3, "single_rows": False}  # type: ignore[type-arg]
 
 
-class _GoOnAsGo:
-    """``!go-on``: the draft goes on past a later position as often as it starts (1 - stop)."""
-
-    def __init__(self, stop) -> None:  # type: ignore[no-untyped-def]
-        self.stop = stop
-
-    @property
-    def p(self) -> float:
-        return 1.0 - self.stop.p
-
-    def update(self, hit: bool) -> None:
-        pass
-
-
-def _off_cold_start(cls) -> None:  # type: ignore[no-untyped-def]
-    def reset(self) -> None:  # type: ignore[no-untyped-def]
-        Policy.reset(self)  # the drafters only: every estimate carries into the next text
-
-    cls.reset = reset
-
-
-def _off_fresh(cls, after) -> None:  # type: ignore[no-untyped-def]
-    base = cls._fresh
-
-    def _fresh(self) -> None:  # type: ignore[no-untyped-def]
-        base(self)
-        after(self)
-
-    cls._fresh = _fresh
-
-
-def _off_bursts(cls) -> None:  # type: ignore[no-untyped-def]
-    base = cls._observe_step
-
-    def _observe_step(self, name, k, n_accepted, draft_s, verify_s) -> None:  # type: ignore[no-untyped-def]
-        base(self, name, k, n_accepted, draft_s, verify_s)
-        if name == "draft" and k and n_accepted == k:  # a paying re-try, no more
-            self._probe_every = self.priors.probe_min
-
-    cls._observe_step = _observe_step
-    cls._end_burst = lambda self: None
-
-
-def _off_score_full(cls) -> None:  # type: ignore[no-untyped-def]
-    base = cls._observe_tokens
-
-    def _observe_tokens(self, tokens) -> None:  # type: ignore[no-untyped-def]
-        base(self, tokens)
-        self._pending = []  # a proposal is scored against its own step's tokens only
-
-    cls._observe_tokens = _observe_tokens
-
-
-# ``auto!NAME``: auto with the refinement NAME taken out (docs/auto.md); a tuned value is taken
-# out with ``auto@FIELD=VALUE`` instead.
-OFF = {
-    "cold-start": _off_cold_start,
-    "pool": lambda c: setattr(c, "_lookup_prior", lambda self, key: self.priors.accept_prior(key)),
-    "lookup-busy": lambda c: setattr(c, "_lookup_busy_c", lambda self, tokens, best: 0.0),
-    "sure-retry": lambda c: setattr(c, "_sure_now", lambda self: True),
-    "go-on": lambda c: _off_fresh(c, lambda self: setattr(self, "go_on", _GoOnAsGo(self.stop))),
-    "first-probe": lambda c: _off_fresh(c, lambda self: setattr(self, "_since", 0)),
-    "bursts": _off_bursts,
-    "score-full": _off_score_full,
-    "cap-bonus": lambda c: None,  # the suffix drafter's (make)
-    "walk-floor": lambda c: None,  # the suffix drafter's (make)
-}
-
-
-def ablated(offs: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    cls = type("AutoWithout", (AutoPolicy,), {})
-    for off in offs:
-        OFF[off](cls)
-    return cls
-
-
 def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-def]
     """The drafter ``kind`` names and its K cap; ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
     those AutoPriors fields changed (a tuning experiment beside plain ``auto``, as
@@ -496,9 +421,7 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
         raise SystemExit(f"{kind}@...: only auto takes AutoPriors changes")
     if offs and not kind.startswith("auto"):
         raise SystemExit(f"{kind}!...: only auto has refinements to take out")
-    for off in offs:
-        if off not in OFF:
-            raise SystemExit(f"!{off}: one of {', '.join(OFF)}")
+    check(tuple(offs))
     if tweaks:
         try:
             changes = {
@@ -527,12 +450,9 @@ def make(kind: str, draft_max: int = 4, vcost=None):  # type: ignore[no-untyped-
         return AutoPolicy(draft_max, PromptLookup(1, 4), None), draft_max
     if kind in ("auto", "auto+draft"):
         d = SuffixLookup()
-        if "cap-bonus" in offs:
-            d._cap = lambda match, support: max(1, match)  # type: ignore[method-assign]
         d.fit(defaults.LOOKUP_MIN_AUTO, auto=True)
-        if "walk-floor" in offs:
-            d.min_prob = SuffixLookup.MIN_PROB
-        cls = ablated(tuple(o for o in offs if o not in ("cap-bonus", "walk-floor")))
+        off_lookup(d, tuple(offs))
+        cls = ablated(tuple(offs))
         model = SimDraft(**DRAFT_SIM) if kind == "auto+draft" else None
         return cls(draft_max, d, model, priors=priors), max(draft_max, d.k_max)  # type: ignore[arg-type]
     if kind == "draft":

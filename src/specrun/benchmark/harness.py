@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any
 
+from specrun.benchmark.ablation import take_out
 from specrun.benchmark.suite import Prompt, load_suite
 from specrun.decoding.engine import Engine, SpecConfig
 from specrun.decoding.priors import PRIORS
@@ -108,8 +109,12 @@ def make_engine(target: Any, draft: Any, mode: str, k: int | None, p_min: float)
     """``mode`` as the scripts' --configs name it (none, draft, lookup (the suffix drafter),
     ngram (the n-gram lookup before it), hybrid, auto, auto-ngram);
     ``auto@FIELD=VALUE[;FIELD=VALUE]`` runs auto with those AutoPriors fields changed (a tuning
-    experiment against plain ``auto`` in the same run)."""
+    experiment against plain ``auto`` in the same run), ``auto!NAME[!NAME]`` auto with those
+    refinements taken out (specrun.benchmark.ablation; both combine: ``auto!bursts@stop=0.5``)."""
     mode, _, tweaks = mode.partition("@")
+    mode, *offs = mode.split("!")
+    if offs and mode != "auto":
+        raise SystemExit(f"{mode}!...: only auto has refinements to take out")
     kind = "ngram" if mode.endswith("ngram") else "suffix"
     m = {"ngram": "lookup", "auto-ngram": "auto"}.get(mode, mode)
     eng = Engine(
@@ -129,4 +134,6 @@ def make_engine(target: Any, draft: Any, mode: str, k: int | None, p_min: float)
             for f, _, v in (t.partition("=") for t in tweaks.split(";"))
         }
         eng.policy.priors = dataclasses.replace(PRIORS, **changes)  # type: ignore[attr-defined]
+    if offs:
+        take_out(eng.policy, tuple(offs))  # type: ignore[arg-type]
     return eng
