@@ -118,16 +118,7 @@ GRAPH = {module_name(p): imports_of(p, module_name(p)) for p in FILES}
 # __init__ and the light costmodel.py are on `specrun --help`'s path (cli/ imports the rest inside
 # its commands), so an import inside a function there defers nothing. One that must stay anyway
 # is listed here, module -> what it imports there, with why.
-CORE_FUNCTION_IMPORTS: dict[str, set[str]] = {
-    # These defer nothing either; they wait for the change in progress in engine.py: move them
-    # to the top there, then drop them here.
-    "specrun.decoding.engine": {
-        "pathlib",
-        "specrun.decoding.lookup",
-        "specrun.decoding.suffix",
-        "specrun.decoding.drafters",
-    },
-}
+CORE_FUNCTION_IMPORTS: dict[str, set[str]] = {}
 
 
 def test_every_module_has_a_floor() -> None:

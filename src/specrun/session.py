@@ -4,14 +4,17 @@ validate, load, check the pair. Shared by every front end (the CLI's commands, t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specrun import defaults
+from specrun import defaults, probe
+from specrun.decoding import calibrate
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.engine import MAX_DRAFT, Engine, SpecConfig
 from specrun.errors import IncompatiblePairError, ModelError, SpecrunError, UsageError
+from specrun.llama.gguf import validate_gguf
+from specrun.models.hub import parse_hub_spec
 from specrun.models.registry import Registry, ResolvedModel
 from specrun.models.store import ProgressFn
 
@@ -267,8 +270,6 @@ def plan(
 
     def resolve(spec: str, hf_file: str | None) -> ResolvedModel:
         if hf_file:
-            from specrun.models.hub import parse_hub_spec
-
             hub = parse_hub_spec(spec)
             if hub is None:
                 raise UsageError(f"--hf-file needs a Hugging Face repo, got {spec!r}")
@@ -311,8 +312,6 @@ def _found_draft(
 ) -> tuple[Path, int | None] | None:
     """The draft found on disk for ``target`` (remembered, else probed when ``pull``), with a
     note that names it; None (and no note) when none is found or none pays."""
-    from specrun import probe
-
     known, choice = probe.remembered_draft(target.path)
     fresh = False
     if not known and pull:
@@ -347,8 +346,6 @@ def _found_draft(
 
 
 def _prevalidate(path: Path) -> Any:
-    from specrun.llama.gguf import validate_gguf
-
     return validate_gguf(path)
 
 
@@ -407,8 +404,6 @@ def load(
 ) -> Loaded:
     """Validate, check the memory, load both models, check that they can speculate together,
     build the Engine. ``warn`` gets the memory notes (stderr lines)."""
-    from dataclasses import replace
-
     from specrun.llama.backend import local_gpus, unpatched_note
     from specrun.llama.model import Model
     from specrun.models import compat
@@ -513,8 +508,6 @@ def calibrate_auto(
 ) -> None:
     """Give auto the measured pass costs of this target and draft on this machine (cached per
     file; the first run of a model measures for well under a second on small models)."""
-    from specrun.decoding import calibrate
-
     assert isinstance(engine.policy, AutoPolicy)
     sizes = tuple(n for n in calibrate.SIZES if n <= engine.config.draft_max + 1)
     say("measuring pass costs")
@@ -550,11 +543,8 @@ def fit_for_options(opts: Any) -> Any:
     """``fit_ctx`` for the model or pair that ``opts`` (a ModelOptions) names, from their
     GGUF metadata, nothing loaded or pulled; None where they cannot be read yet (a registry model
     not pulled: the caller keeps its default context)."""
-    from dataclasses import replace
-
     from specrun.llama.backend import gpu_free_memory
     from specrun.models.memory import fit_ctx, host_memory
-    from specrun.models.registry import Registry
 
     try:
         p = plan(opts, Registry.load(verbose=False), pull=False)

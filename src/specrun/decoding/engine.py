@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -21,9 +22,11 @@ from specrun.decoding import constraint as C
 from specrun.decoding import penalties as P
 from specrun.decoding import sampling as S
 from specrun.decoding.auto import AutoPolicy
-from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal
+from specrun.decoding.drafters import EMPTY, Drafter, DraftModel, Proposal, _common_prefix
+from specrun.decoding.lookup import NgramCache, PromptLookup
 from specrun.decoding.policy import FixedPolicy, HybridPolicy, NoDraft, Policy, StepReport
 from specrun.decoding.stats import SpecStats
+from specrun.decoding.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
 from specrun.decoding.target import Target
 from specrun.decoding.textstream import TextStream
 from specrun.errors import SpecrunError, UsageError
@@ -200,11 +203,6 @@ class Engine(Generic[M]):
         return mode
 
     def _make_policy(self, mode: str) -> Policy:
-        from pathlib import Path
-
-        from specrun.decoding.lookup import NgramCache, PromptLookup
-        from specrun.decoding.suffix import LookupFile, SuffixLookup, SuffixStore, vocab_key
-
         cfg = self.config
         lookup: PromptLookup | SuffixLookup | Drafter | None = None
         if mode in ("lookup", "hybrid", "auto") and self.lookup is not None:
@@ -471,8 +469,6 @@ class Engine(Generic[M]):
     def _prefill(self, tokens: list[int], defer_model: bool = False) -> int:
         """Bring the target (and the drafters) to 'all but the last token evaluated'
         (``defer_model``: Policy.prefill)."""
-        from specrun.decoding.drafters import _common_prefix
-
         keep = min(_common_prefix(self.target.cached, tokens), len(tokens) - 1)
         self.target.truncate(keep)
         todo = tokens[keep:-1]

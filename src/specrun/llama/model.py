@@ -23,13 +23,16 @@ from specrun.errors import ModelError, SpecrunError
 from specrun.llama import native
 from specrun.llama.backend import (
     auto_flash_attn,
+    build_id,
     capture_load_log,
+    cpu_name,
     deferred_signals,
     init_backend,
     load_progress,
     local_gpus,
     parse_load_log,
     physical_cores,
+    system_info,
 )
 from specrun.llama.buffers import amx_batches_sound, weight_buffers
 from specrun.llama.rpc import keepalive, place_devices
@@ -327,8 +330,6 @@ class Model:
 
     def machine_key(self) -> str:
         """The build, backend and CPU this model runs on (``decoding.target.Target``)."""
-        from specrun.llama.backend import build_id, cpu_name, system_info
-
         return "\0".join((system_info(), build_id(), cpu_name()))
 
     def token_text(self, token: int) -> bytes:

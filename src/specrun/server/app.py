@@ -10,11 +10,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specrun.chat_template import encode_prompt, render_chat, tokenize_chat
 from specrun.decoding.sampling import SamplingParams
 from specrun.errors import SpecrunError
+from specrun.llama.grammar import Grammar, GrammarError
+from specrun.server import native
 from specrun.server import responses as R
 from specrun.server.errors import APIError, bad, error_body
 from specrun.server.metrics import CONTENT_TYPE, Metrics
@@ -26,6 +30,7 @@ from specrun.server.requests import (
     resolve_bias,
 )
 from specrun.server.worker import EngineWorker, Job, QueueFull
+from specrun.tools import detect_format
 
 MAX_BODY = 8 << 20  # bytes: far above any prompt a context holds, far below a memory problem
 OPEN_PATHS = (
@@ -70,8 +75,6 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
     )  # a plain ASGI layer: nothing in the way of a stream's chunks
 
     if cors:
-        from fastapi.middleware.cors import CORSMiddleware
-
         app.add_middleware(
             CORSMiddleware,
             allow_origins=cors,
@@ -163,8 +166,6 @@ def create_app(state: ServerState, cors: list[str] | None = None) -> FastAPI:
     @app.post("/completions")
     async def completions(request: Request) -> Response:
         return await _generate(state, request, "completion")
-
-    from specrun.server import native  # llama-server's own routes: /completion, /infill, ...
 
     native.mount(app, state, _read_body)
     return app
@@ -272,8 +273,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
-    from specrun.chat_template import encode_prompt, render_chat, tokenize_chat
-
     target = engine.target
     param = "messages" if req.kind == "chat" else "prompt"
     try:
@@ -288,8 +287,6 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
             kwargs = {**(state.template_kwargs or {}), **req.template_kwargs}
             st = req.structured
             if st.tools:
-                from specrun.tools import detect_format
-
                 st.fmt = detect_format(target.chat_template())
                 if st.fmt is None:
                     raise bad(
@@ -335,8 +332,6 @@ def _encode(state: ServerState, engine: Any, req: GenRequest) -> list[int]:
 def _check_grammar(engine: Any, req: GenRequest) -> None:
     """Compile the request's grammar once against the target's vocabulary: an invalid one is a
     400 naming its field, before the request waits in the queue."""
-    from specrun.llama.grammar import Grammar, GrammarError
-
     st = req.structured
     try:
         Grammar.compile(engine.target, st.gbnf or "", param=st.gbnf_param).close()

@@ -22,16 +22,21 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+import specrun
+from specrun.chat_template import render_chat
 from specrun.decoding.engine import MAX_DRAFT, MODES
 from specrun.decoding.penalties import penalises
 from specrun.errors import SpecrunError
+from specrun.llama.fim import fim_tokens, special_piece
 from specrun.server import responses as R
 from specrun.server.errors import APIError, bad, error_body
+from specrun.server.infill import format_infill
 from specrun.server.requests import (
     GenRequest,
     check_spec,
@@ -603,8 +608,6 @@ def _stopping_word(target: Any, gen: _Gen) -> str:
 def _final(
     state: Any, gen: _Gen, prompt: list[int], stream: bool, truncated: bool
 ) -> dict[str, Any]:
-    from specrun.llama.fim import special_piece
-
     nat = gen.nat
     target = state.engine_or_503().target
     n_gen = len(gen.tokens)
@@ -806,11 +809,6 @@ def _infill_inputs(body: dict[str, Any]) -> tuple[Any, Any, list[dict[str, str]]
 
 
 def _props(state: Any, engine: Any) -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import specrun
-    from specrun.llama.fim import fim_tokens
-
     try:
         llcpp = version("llama_cpp_python")
     except PackageNotFoundError:  # pragma: no cover
@@ -917,9 +915,6 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
 
     @app.post("/infill")
     async def infill(request: Request) -> Response:
-        from specrun.llama.fim import fim_tokens
-        from specrun.server.infill import format_infill
-
         engine = state.engine_or_503()
         target = engine.target
         fim = fim_tokens(target)
@@ -960,8 +955,6 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        from specrun.llama.fim import special_piece
-
         engine = state.engine_or_503()
         body = await body_of(request)
         _only(body, "tokenize", {"content", "add_special", "parse_special", "with_pieces"})
@@ -989,8 +982,6 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
-        from specrun.llama.fim import special_piece
-
         engine = state.engine_or_503()
         body = await body_of(request)
         _only(body, "detokenize", {"tokens"})
@@ -1013,8 +1004,6 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> Response:
-        from specrun.chat_template import render_chat
-
         engine = state.engine_or_503()
         body = await body_of(request)
         _only(

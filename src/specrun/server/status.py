@@ -8,6 +8,9 @@ import threading
 import time
 from typing import Any
 
+from rich.console import Console
+from rich.live import Live
+
 
 class Status:
     def __init__(self, tty: bool | None = None) -> None:
@@ -23,8 +26,6 @@ class Status:
         self._lock = threading.Lock()
         self._console: Any = None
         if self.tty:
-            from rich.console import Console
-
             self._console = Console(stderr=True, highlight=False)
 
     # -- lines ----------------------------------------------------------------------------
@@ -47,7 +48,6 @@ class Status:
     def start(self) -> None:
         if self._console is None:
             return
-        from rich.live import Live
 
         class _Line:
             def __rich__(inner) -> str:  # noqa: N805

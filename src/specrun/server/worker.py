@@ -24,6 +24,7 @@ from typing import Any
 from specrun.chat import common_prefix
 from specrun.decoding.engine import Result, Step
 from specrun.errors import SpecrunError
+from specrun.llama.grammar import Grammar
 from specrun.server.prompt_cache import PromptCache
 from specrun.server.requests import GenRequest
 
@@ -182,8 +183,6 @@ class EngineWorker:
             for i in range(req.n):
                 constraint = None
                 if req.structured.gbnf:  # a fresh grammar state per completion
-                    from specrun.llama.grammar import Grammar
-
                     constraint = Grammar.compile(engine.target, req.structured.gbnf, checked=True)
                 gen = engine.generate(
                     job.tokens,
