@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
 MAINTAINED = {
+    "grammar_overhead",
     "infill_compare",
     "modes_compare",
     "record_greedy",
