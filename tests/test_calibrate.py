@@ -210,7 +210,60 @@ def test_a_runs_passes_refine_the_cached_measurement(tmp_path, monkeypatch):
     assert got[1] == pytest.approx(0.011)  # halfway to 12 ms
     assert got[3] / got[1] == pytest.approx((2.4 + 1.5) / 2)  # V(3) halfway from 2.4 to 1.5
     assert got[5] / got[1] == pytest.approx(3.0) and got[9] / got[1] == pytest.approx(4.0)
-    assert calibrate.pass_times(m) == got and m.decoded == []  # the next run starts from it
+    # the next run starts from it, with V(3) 1.95 < V(2) 2.0 pooled (monotone)
+    assert calibrate.pass_times(m) == calibrate.monotone(got) and m.decoded == []
+
+
+def test_more_rows_never_cost_less():
+    """Adjacent violators pool to their mean; an ordered measurement is kept as it is."""
+    got = calibrate.monotone({1: 10.0, 2: 22.0, 3: 11.4, 5: 21.0, 9: 40.0})
+    assert got == pytest.approx({1: 10.0, 2: 16.7, 3: 16.7, 5: 21.0, 9: 40.0})
+    assert calibrate.monotone({1: 1.0, 2: 3.0, 3: 2.0, 5: 1.0}) == pytest.approx(
+        {1: 1.0, 2: 2.0, 3: 2.0, 5: 2.0}
+    )
+    ordered = {1: 10.0, 2: 15.0, 3: 16.0, 5: 19.0}
+    assert calibrate.monotone(ordered) == ordered
+
+
+def test_a_measurement_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
+    """A measurement whose interleaved halves disagree (a busy machine: every other 2-row pass
+    four times as slow) is measured again, then used for the run alone: nothing is cached, and
+    the next run measures anew. A steady one is cached at the first try."""
+    import time
+
+    monkeypatch.setenv("SPECRUN_HOME", str(tmp_path))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+
+    class Busy(FakeModel):
+        def __init__(self, path, busy):
+            super().__init__(path)
+            self.busy, self.pairs = busy, 0
+
+        def decode(self, tokens, pos0, logits_from=None):
+            super().decode(tokens, pos0, logits_from)
+            if len(tokens) == 2:
+                self.pairs += 1
+                time.sleep(0.004 if self.busy and self.pairs % 2 else 0.001)
+
+    busy = Busy(gguf, True)
+    rounds = calibrate.measure_rounds(busy, (1, 2))
+    assert not calibrate.steady(rounds)
+    busy.decoded.clear()
+    got = calibrate.pass_times(busy, (1, 2))
+    assert got[2] > 0 and busy.decoded.count(2) == calibrate.TRIES * (calibrate.REPS + 1)
+    assert not calibrate.cache_file().exists() or json.loads(calibrate.cache_file().read_text()) == {}
+    busy.decoded.clear()
+    calibrate.pass_times(busy, (1, 2))
+    assert busy.decoded  # measured again: nothing was kept
+    calm = Busy(gguf, False)
+    assert calibrate.steady(calibrate.measure_rounds(calm, (1, 2)))
+    calm.decoded.clear()
+    calibrate.pass_times(calm, (1, 2))
+    assert calm.decoded.count(2) == calibrate.REPS + 1  # one try
+    calm.decoded.clear()
+    calibrate.pass_times(calm, (1, 2))
+    assert calm.decoded == []  # cached
 
 
 def test_auto_hands_its_pass_costs_to_the_calibration_at_a_texts_end():
