@@ -252,7 +252,9 @@ def test_a_measurement_on_a_busy_machine_is_not_cached(tmp_path, monkeypatch):
     busy.decoded.clear()
     got = calibrate.pass_times(busy, (1, 2))
     assert got[2] > 0 and busy.decoded.count(2) == calibrate.TRIES * (calibrate.REPS + 1)
-    assert not calibrate.cache_file().exists() or json.loads(calibrate.cache_file().read_text()) == {}
+    assert (
+        not calibrate.cache_file().exists() or json.loads(calibrate.cache_file().read_text()) == {}
+    )
     busy.decoded.clear()
     calibrate.pass_times(busy, (1, 2))
     assert busy.decoded  # measured again: nothing was kept
