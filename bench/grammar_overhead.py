@@ -4,7 +4,7 @@ the grammar's own work: asking llama.cpp's grammar sampler about each verified r
 advancing it by what is kept, forking it for a verify pass).
 
 One process, the pair loaded once through session; per prompt, the configurations alternate
-(``--repeats`` times), each run from a fresh cache; reports median decode tok/s with and
+(``--repeats`` times), each run from a fresh cache and an empty lookup store; reports median decode tok/s with and
 without the grammar, their ratio, and whether the tokens are equal. ``--grammar`` takes another
 GBNF (one that forces nothing, or the tokens differ and the ratio compares different texts).
 
@@ -53,6 +53,7 @@ def main() -> None:
             for _ in range(a.repeats):
                 for constrained in (False, True):
                     con = grammar.fork() if constrained else None
+                    eng.clear_store()  # every run a first request: neither copies the other
                     try:
                         r = eng.run(toks, max_tokens=a.n, reuse_cache=False, constraint=con)
                     finally:
