@@ -29,7 +29,7 @@ Usage: .venv/bin/python bench/suffix_sim.py runs.json [--slope 0.1 | --vtable 2:
 [--max-tokens 128] [--kinds ngram,suffix,suffix-tree,auto,oracle-k,bound] [--tree-min-share 0.2]
 [--switch 0.03]; ``suffix:N:P`` is the suffix drafter as ``--mode lookup`` with ``--lookup-min N`` and
 a walk floor of P (``suffix`` = ``suffix:2:0.6``); ``auto@FIELD=VALUE[;FIELD=VALUE]`` is auto with
-those AutoPriors fields changed (``auto@lookup_carry=0.3``), beside plain ``auto`` in one run.
+those AutoPriors fields changed (``auto@lookup_alpha=0.15``), beside plain ``auto`` in one run.
 ``auto+draft`` is auto with the pair's draft model too, replayed (``SimDraft``: run
 ``--annotate-draft PAIR`` on the runs file once; ``--p-min``, ``--draft-c``, ``--draft-row``,
 ``--single-rows`` price it), ``draft`` that draft model alone; ``auto!NAME`` (and
@@ -330,7 +330,7 @@ def replay(
     for req in reqs:
         if fresh:
             policy = new_policy()
-        policy.reset()  # as Engine.reset: a cold start; the lookup store stays
+        policy.reset()  # as Engine.reset: a new text; estimates and the lookup store stay
         tokens = list(req["prompt"])
         out = req["output"]
         know = getattr(policy, "know", None)

@@ -30,16 +30,13 @@ def test_every_switch_builds_and_runs_exactly():
         assert eng.run(PROMPT, max_tokens=40).tokens == base, name  # greedy: exact either way
 
 
-def test_cold_start_off_carries_what_was_learnt_into_the_next_text():
+def test_go_on_off_reads_the_stop_rate():
     target, draft = _pair()
-    on = make_engine(target, draft, "auto", 4, 0.0)
-    off = make_engine(target, draft, "auto!cold-start", 4, 0.0)
-    for eng in (on, off):
-        eng.run(PROMPT, max_tokens=60)
-        assert eng.policy.acc.get("draft") is not None
-        eng.policy.reset()
-    assert off.policy.acc.get("draft") is not None  # kept
-    assert on.policy.acc.get("draft") is None  # a cold start forgets the draft's estimate
+    eng = make_engine(target, draft, "auto!go-on", 4, 0.0)
+    assert eng.policy.go_on.p == pytest.approx(1.0 - eng.policy.stop.p)
+    eng.run(PROMPT, max_tokens=40)
+    eng.policy.reset()  # a new text keeps the switch
+    assert eng.policy.go_on.p == pytest.approx(1.0 - eng.policy.stop.p)
 
 
 def test_lookup_switches_change_the_suffix_drafter():

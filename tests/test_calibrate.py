@@ -51,7 +51,7 @@ def test_cheap_batches_let_it_draft_at_once():
 def test_calibration_survives_a_reset_and_interpolates():
     policy = AutoPolicy(8, FakeLookup(), None)
     policy.calibrate({1: 0.01, 2: 0.015, 3: 0.02, 5: 0.03, 9: 0.05})
-    policy.reset()  # a cold start forgets acceptance, not what the machine costs
+    policy.reset()  # a new text keeps what the machine costs
     v = policy.costs.verify_cost()
     assert v(1) == 1.0 and v(5) == pytest.approx(3.0) and v(9) == pytest.approx(5.0)
     assert v(4) == pytest.approx(2.5) and v(7) == pytest.approx(4.0)  # between measured sizes

@@ -530,18 +530,21 @@ def test_a_draft_step_is_priced_from_single_row_decodes():
     assert policy.costs.draft_step == before
 
 
-def test_reset_starts_cold():
-    """Engine.reset (a new, unrelated text) forgets the estimates: a story's hopeless draft
-    estimate must not keep auto from drafting on the code that comes next."""
+def test_a_new_text_keeps_what_was_learnt():
+    """Engine.reset (a new text) keeps the estimates, as a server's next request finds them:
+    the draft's acceptance, the re-try schedule and the pass costs carry over; what belonged to
+    the last text (lookup proposals awaiting their score) goes."""
     rng = np.random.default_rng(12)
     policy = AutoPolicy(8, None, FakeDraftModel())
-    fresh = policy._acc("draft").estimate()
     drive(policy, 300, accept_rate=0.02, draft_step_s=0.004, t1=0.016, slope=0.1, rng=rng)
-    assert policy._acc("draft").estimate()[0] < 0.3 and policy._probe_every > PRIORS.probe_min
+    learnt = policy._acc("draft").estimate()
+    every, step = policy._probe_every, policy.costs.draft_step
+    assert learnt[0] < 0.3 and every > PRIORS.probe_min and step is not None
+    policy._pending.append(["lookup:2", [5, 6], 0])
     policy.reset()
-    assert policy._acc("draft").estimate() == fresh
-    assert policy._probe_every == PRIORS.probe_min and policy.costs.draft_step is None
-    assert policy.draft([0] * 10, 8, SamplingParams(), rng, True)[0] == "draft"
+    assert policy._acc("draft").estimate() == learnt
+    assert policy._probe_every == every and policy.costs.draft_step == step
+    assert policy._pending == []
 
 
 def test_a_probe_that_gets_nothing_ends_a_burst():
@@ -905,22 +908,17 @@ def test_a_match_length_borrows_from_the_others():
     assert policy._lookup_prior("lookup:4") == PRIORS.accept_lookup  # not itself
 
 
-def test_reset_keeps_part_of_lookups_acceptance_and_clear_store_forgets_it():
-    """A new request in the same process (Engine.reset) keeps lookup's acceptance counts at
-    PRIORS.lookup_carry of their weight, as the lookup store is kept; Engine.clear_store (every
-    run a first request) drops them. The draft model's estimates start cold either way."""
+def test_reset_keeps_lookups_acceptance_and_clear_store_forgets_it():
+    """A new request in the same process (Engine.reset) keeps lookup's acceptance counts, as the
+    lookup store is kept; Engine.clear_store (every run a first request) drops them."""
     policy = AutoPolicy(4, PromptLookup(1, 4), FakeDraftModel())
     acc = policy._acc("lookup:4")
     prior = acc.estimate()
     for _ in range(20):
         acc.update(4, 4)  # every proposal accepted whole
-    policy._acc("draft").update(4, 0)
-    learnt, tries = acc.estimate(), list(acc.tries)
+    learnt = acc.estimate()
     policy.reset()
-    kept = policy.acc["lookup:4"]
-    assert kept.tries == pytest.approx([t * PRIORS.lookup_carry for t in tries])
-    assert prior[0] < kept.estimate()[0] <= learnt[0]
-    assert "draft" not in policy.acc  # the draft model's estimate starts from its prior
+    assert policy.acc["lookup:4"].estimate() == learnt
     policy.forget_lookup()
     assert policy._acc("lookup:4").estimate() == prior
 

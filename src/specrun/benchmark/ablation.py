@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from specrun.decoding.auto import AutoPolicy
-from specrun.decoding.policy import Policy
 from specrun.decoding.suffix import SuffixLookup
 
 LOOKUP_OFFS = ("cap-bonus", "walk-floor")  # the suffix drafter's own
@@ -30,13 +29,6 @@ class _GoOnAsGo:
 
     def update(self, hit: bool) -> None:
         pass
-
-
-def _off_cold_start(cls: type[AutoPolicy]) -> None:
-    def reset(self: AutoPolicy) -> None:
-        Policy.reset(self)  # the drafters only: every estimate carries into the next text
-
-    cls.reset = reset  # type: ignore[method-assign]
 
 
 def _off_fresh(cls: type[AutoPolicy], after: Any) -> None:
@@ -72,7 +64,6 @@ def _off_score_full(cls: type[AutoPolicy]) -> None:
 
 
 OFF: dict[str, Any] = {
-    "cold-start": _off_cold_start,
     "pool": lambda c: setattr(c, "_lookup_prior", lambda self, key: self.priors.accept_prior(key)),
     "lookup-busy": lambda c: setattr(c, "_lookup_busy_c", lambda self, tokens, best: 0.0),
     "sure-retry": lambda c: setattr(c, "_sure_now", lambda self: True),

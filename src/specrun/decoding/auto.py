@@ -7,19 +7,16 @@ length, each as expected tokens per pass over the pass's cost, from running esti
 how often the draft model stops under --draft-p-min, and of what a target pass of n rows and a
 draft step cost (seeded by calibration, then measured); it takes the best, or plain decoding
 (K = 0) where nothing is predicted to pay ``margin``, and after the step updates the estimates
-from what the step did. Its priors and rates are an ``AutoPriors`` (priors.py); the evidence
+from what the step did. The estimates carry from one text to the next (a server's requests, a
+bench's prompts), as the machine and the drafters do; clearing the lookup store drops lookup's. Its priors and rates are an ``AutoPriors`` (priors.py); the evidence
 for each refinement and value below is in docs/auto.md, with the replay that ablates them.
 
 Refinements, by name (what each buys):
 
-- cold start: a new text forgets the last one's estimates, so that one text's verdict on the
-  draft model (a story's) does not keep it off the next (code).
-- lookup carry: ... but keeps ``lookup_carry`` of lookup's, as the store is kept (chat turns,
-  repeated tasks: the next request is often of the same kind).
 - lookup scored in full: every lookup proposal, taken or not, is scored against the tokens the
   steps commit until its first miss, so lookup is never re-tried and its deep positions are
   measured rather than borrowed from the first.
-- pooled lookup prior: a match length seldom seen borrows the other lengths' rate on this text.
+- pooled lookup prior: a match length seldom seen borrows the other lengths' rate so far.
 - lookup priced with the catch-up: while the draft model pays, each token lookup gets accepted
   costs the draft a catch-up row later.
 - first probe and backoff: the draft model, when not chosen, is re-tried (K <= 2) once at the
@@ -113,18 +110,13 @@ class AutoPolicy(Policy):
             self.costs.draft_n = self.priors.seen_weight
 
     def reset(self) -> None:
-        """A cold start (Engine.reset: a new text; "cold start"): forget what was learnt too.
-        Lookup's acceptance estimates are kept at ``lookup_carry`` of their weight ("lookup
-        carry"), as the lookup store is: they cost nothing to correct. ``forget_lookup`` drops
-        them with the store."""
+        """A new text (Engine.reset): what was learnt carries over (acceptance, pass costs, the
+        draft's stop rates, the re-try schedule: the machine and the drafters are the same ones,
+        as a server's next request finds them); what belonged to the last text (lookup proposals
+        awaiting their score, the last step's choice) goes. ``forget_lookup`` drops lookup's
+        estimates with the store."""
         super().reset()
-        kept = {k: a for k, a in self.acc.items() if k.startswith("lookup")}
-        self._fresh()
-        carry = self.priors.lookup_carry
-        if carry > 0.0:
-            for key, a in kept.items():
-                a.scale(carry)
-                self.acc[key] = a
+        self._new_text()
 
     def forget_lookup(self) -> None:
         """Drop lookup's acceptance estimates (Engine.clear_store: every run a first request)."""
@@ -171,14 +163,18 @@ class AutoPolicy(Policy):
         # How often it goes on past a position once it has proposed the one before (sureness
         # comes in stretches): from the draft's attempts and from consecutive plain steps.
         self.go_on = Rate(pr.go_on, alpha=pr.stop_alpha, prior_n=pr.prior_n)
-        self._prev_sure = False  # the last step was plain and its target sure
-        self._asked = 0  # the K the draft model was last asked for
         self.acc: dict[str, Acceptance] = {}
         self._probe_every = self.priors.probe_min  # steps between re-tries of the draft model
         # Steps since the draft model last ran: as if a re-try were due, so that it is tried
         # once at the start even where the prior does not expect it to pay (with nothing
         # measured yet, the prior's verdict is the least informed one auto will ever make).
         self._since = self.priors.probe_min
+        self._new_text()
+
+    def _new_text(self) -> None:
+        """The state of one text's steps (``reset``: a new text keeps the estimates)."""
+        self._prev_sure = False  # the last step was plain and its target sure
+        self._asked = 0  # the K the draft model was last asked for
         self.last_choice: tuple[str, int, float] = ("none", 0, 1.0)
         self._rival_s = 1.0  # predicted speed-up of what would have run had there been no probe
         self._probing = False  # the last step was a probe, not the best choice

@@ -23,7 +23,6 @@ class AutoPriors:
     accept_lookup_1: float = 0.3  # ... of a one-token match (weaker evidence)
     accept_alpha: float = 0.15  # how much of its counts the draft's acceptance forgets per draft
     lookup_alpha: float = 0.08  # ... lookup's, per proposal (slower: it hovers near break-even)
-    lookup_carry: float = 0.5  # what a new request keeps of lookup's acceptance counts
     prior_n: float = 2.0  # a prior counts as this many observations
     shrink_n: float = 2.0  # a position's own rate weighs against the others' as this many
 
