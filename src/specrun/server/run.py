@@ -12,11 +12,14 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+import uvicorn
+
 from specrun.errors import SpecrunError
 from specrun.server.app import MAX_BODY, ServerState, create_app
 from specrun.server.prompt_cache import PromptCache
 from specrun.server.status import Status
 from specrun.server.worker import EngineWorker, Job
+from specrun.session import load_engine
 
 
 def is_loopback(host: str) -> bool:
@@ -56,10 +59,6 @@ def serve(
     max_body: int = MAX_BODY,
     tty: bool | None = None,
 ) -> int:
-    import uvicorn
-
-    from specrun.session import load_engine
-
     if queue < 1:
         raise SpecrunError("--queue must be >= 1")
     status = Status(tty)
@@ -183,8 +182,6 @@ class _Server:
     forces it; the signal is not raised again afterwards, so the process exits 0."""
 
     def __new__(cls, config: Any) -> Any:
-        import uvicorn
-
         class Server(uvicorn.Server):
             on_exit: Any = None
 
