@@ -58,7 +58,7 @@ def client() -> Any:
     with pytest.MonkeyPatch.context() as mp:
         # llama-server's prompt echo writes special tokens out through llama.cpp; the fake's own
         # pieces stand in for it.
-        mp.setattr("specrun.llama.fim.special_piece", lambda model, t: model.piece(t))
+        mp.setattr("specrun.server.native.special_piece", lambda model, t: model.piece(t))
         with TestClient(create_app(state)) as c:
             yield c
     state.worker.stop()
