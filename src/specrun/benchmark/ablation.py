@@ -14,8 +14,6 @@ from typing import Any
 from specrun.decoding.auto import AutoPolicy
 from specrun.decoding.suffix import SuffixLookup
 
-LOOKUP_OFFS = ("cap-bonus", "walk-floor")  # the suffix drafter's own
-
 
 class _GoOnAsGo:
     """``!go-on``: the draft goes on past a later position as often as it starts (1 - stop)."""

@@ -8,8 +8,9 @@ how often the draft model stops under --draft-p-min, and of what a target pass o
 draft step cost (seeded by calibration, then measured); it takes the best, or plain decoding
 (K = 0) where nothing is predicted to pay ``margin``, and after the step updates the estimates
 from what the step did. The estimates carry from one text to the next (a server's requests, a
-bench's prompts), as the machine and the drafters do; clearing the lookup store drops lookup's. Its priors and rates are an ``AutoPriors`` (priors.py); the evidence
-for each refinement and value below is in docs/auto.md, with the replay that ablates them.
+bench's prompts), as the machine and the drafters do; clearing the lookup store drops lookup's.
+Its priors and rates are an ``AutoPriors`` (priors.py); the evidence for each refinement and
+value below is in docs/auto.md, with the ablations (replayed and real) that test them.
 
 Refinements, by name (what each buys):
 
