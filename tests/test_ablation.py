@@ -64,3 +64,13 @@ def test_bad_names_are_refused():
         make_engine(target, draft, "draft!bursts", 4, 0.0)
     with pytest.raises(SystemExit, match="one of"):
         ablated(("nope",))
+
+
+def test_a_prior_change_reaches_the_rates_built_from_it():
+    """``auto@FIELD=VALUE`` rebuilds what the policy built from its priors (a new text keeps
+    its estimates, so nothing else would)."""
+    target, draft = _pair()
+    eng = make_engine(target, draft, "auto@stop=0.5;probe_min=16", 4, 0.0)
+    assert eng.policy.stop.p == pytest.approx(0.5)
+    assert eng.policy._probe_every == 16
+    assert make_engine(target, draft, "auto", 4, 0.0).policy.stop.p == pytest.approx(0.2)

@@ -134,6 +134,7 @@ def make_engine(target: Any, draft: Any, mode: str, k: int | None, p_min: float)
             for f, _, v in (t.partition("=") for t in tweaks.split(";"))
         }
         eng.policy.priors = dataclasses.replace(PRIORS, **changes)  # type: ignore[attr-defined]
+        eng.policy._fresh()  # type: ignore[attr-defined]  # its rates and schedule, from them
     if offs:
         take_out(eng.policy, tuple(offs))  # type: ignore[arg-type]
     return eng

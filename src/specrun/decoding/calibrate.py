@@ -131,10 +131,9 @@ TRIES = 2  # measurements before an unsteady one is used for this run alone, not
 
 def steady(times: dict[int, list[float]]) -> bool:
     """Whether a measurement (``measure_rounds``) can stand for the machine: every size's two
-    interleaved halves agree. With two busy loops beside it on a 2-core Zen 4, four measurements
-    of SmolLM2-135M F16 read V(2) 0.84, 2.01, 1.77, 1.93 (idle: 1.49-1.51), and one such reading,
-    cached, priced every later run: a cached V(2) 2.19 / V(3) 1.14 made auto bet on 2-token
-    lookups that lost and never try 1-token ones (code2: 0.95x of plain decoding)."""
+    interleaved halves agree. Other work on the machine scatters the passes' times, and a
+    measurement taken then, once cached, would price every later run (docs/auto.md, the
+    ablation in real runs)."""
     for v in times.values():
         if len(v) < 2:
             continue

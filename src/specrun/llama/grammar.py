@@ -143,8 +143,8 @@ class Grammar:
         self.n_vocab = n_vocab
         self._smpl = smpl
         # Grown to the largest ``allowed`` asked so far, not the vocabulary's size up front: a
-        # state is forked for every verify pass and every forced-text walk, and zeroing 152k
-        # entries took ~0.8 ms of each (Qwen2.5's vocabulary), where most questions are 1-100 ids.
+        # state is forked for every verify pass and every forced-text walk, while most questions
+        # name a few ids (docs/performance.md, what a grammar costs when it forces nothing).
         self._buf = np.zeros(0, dtype=_TOKEN_DATA)
         self._arr = ll.llama_token_data_array()
         self._arr.selected = -1

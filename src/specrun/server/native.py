@@ -943,8 +943,8 @@ def mount(app: FastAPI, state: Any, read_body: Callable[[Request, int], Awaitabl
                 extra,
                 prompt_tokens,
                 # llama-server's budgets at its default batch (-b 2048, which llama.cpp clamps to
-                # the context) unless ours is larger: at specrun's 512 an editor's prefix kept 384
-                # tokens where llama-server keeps 1,536, and the two completed other text
+                # the context) unless ours is larger: an editor's request makes the same prompt
+                # on either server
                 n_batch=min(max(target.n_batch, INFILL_BATCH), state.n_ctx),
                 n_ctx=state.n_ctx,
             )
